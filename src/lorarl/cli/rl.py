@@ -1,0 +1,140 @@
+"""`rl @ cfg.toml`: start vLLM workers, the orchestrator and the trainer; supervise them.
+
+If any of them fails, the others are stopped and `rl` exits non-zero with the tail of the failing
+log. Ctrl-C or SIGTERM stops everything and leaves no process behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import signal
+import sys
+import time
+import urllib.request
+from types import FrameType
+
+from lorarl.cli.common import load_or_exit, setup_logging
+from lorarl.config.models import RLConfig
+from lorarl.inference.server import worker_urls
+from lorarl.launcher.plan import plan_run
+from lorarl.launcher.supervisor import Supervisor
+from lorarl.monitor.console import StepPrinter
+from lorarl.run_folder import RunFolder
+
+log = logging.getLogger("lorarl.rl")
+
+
+class Stop(Exception):
+    """A SIGINT or SIGTERM arrived."""
+
+
+def main(argv: list[str] | None = None) -> None:
+    cfg = load_or_exit(RLConfig, argv)
+    setup_logging("rl")
+    run = RunFolder(cfg.run_dir)
+    if not cfg.dry_run:
+        try:
+            cfg.lora.check_init_adapter()
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            raise SystemExit(2) from None
+        clear_previous_outputs(run)
+    specs = plan_run(cfg, run, has_gpu=_has_gpu())
+    if cfg.dry_run:
+        print((run.configs / "commands.txt").read_text(), end="")
+        print(f"# resolved configs in {run.configs}/ (dry run: nothing started)")
+        return
+
+    def _stop(signum: int, _frame: FrameType | None) -> None:
+        raise Stop(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGTERM, _stop)
+    supervisor = Supervisor(run.logs)
+    code = 1
+    try:
+        code = supervise(cfg, run, specs, supervisor)
+    except Stop as e:
+        log.info("%s: stopping every process of the run", e)
+        code = 130
+    finally:
+        # Ignore further signals while stopping, so a second Ctrl-C cannot leave orphans.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        supervisor.stop_all()
+    raise SystemExit(code)
+
+
+def supervise(cfg: RLConfig, run: RunFolder, specs: list, supervisor: Supervisor) -> int:  # type: ignore[type-arg]
+    workers = [s for s in specs if s.name.startswith("inference-")]
+    for spec in workers:
+        supervisor.start(spec)
+        log.info("started %s (log: %s)", spec.name, supervisor.log_path(spec.name))
+    urls = worker_urls(cfg)
+    if workers:
+        log.info("waiting for vLLM at %s", ", ".join(urls))
+    deadline = time.monotonic() + cfg.inference.startup_timeout
+    pending = list(urls)
+    while pending:
+        if failed := supervisor.failed():
+            return report_failure(supervisor, *failed)
+        if time.monotonic() > deadline:
+            log.error("inference did not become healthy within %.0f s: %s", cfg.inference.startup_timeout, pending)
+            return 1
+        pending = [u for u in pending if not _healthy(u)]
+        time.sleep(0.5)
+    log.info("inference ready; starting orchestrator and trainer")
+
+    roles = [s for s in specs if s not in workers]
+    for spec in roles:
+        supervisor.start(spec)
+        log.info("started %s (log: %s)", spec.name, supervisor.log_path(spec.name))
+    printer = StepPrinter(run.metrics, cfg.max_steps)
+    while True:
+        for line in printer.poll():
+            print(line, flush=True)
+        if failed := supervisor.failed():
+            return report_failure(supervisor, *failed)
+        if supervisor.finished([s.name for s in roles]):
+            for line in printer.poll():
+                print(line, flush=True)
+            log.info("run finished: %s", run.root)
+            return 0
+        time.sleep(0.5)
+
+
+def report_failure(supervisor: Supervisor, name: str, code: int) -> int:
+    log.error("%s exited with code %d; stopping the run. Last lines of %s:\n%s", name, code,
+              supervisor.log_path(name), supervisor.tail(name))  # fmt: skip
+    return 1
+
+
+def clear_previous_outputs(run: RunFolder) -> None:
+    """A new run in an old folder starts clean: stale adapters or batches would be picked up."""
+    stale = [run.root / d for d in ("rollouts", "broadcasts", "samples", "logs")] + [run.metrics]
+    if any(p.exists() for p in stale):
+        log.info("clearing the previous run's outputs in %s", run.root)
+    for p in stale:
+        if p.is_dir():
+            shutil.rmtree(p)
+        elif p.exists():
+            p.unlink()
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
+def _has_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,180 @@
+"""Build a validated config from `@ file` arguments and dotted command-line flags.
+
+    rl @ configs/base.toml @ configs/small.json --trainer.optim.lr 1e-4 --dry-run
+
+* `@ path` or `@path`: a TOML or JSON config file. Files are deep-merged left to right (tables merge
+  key by key, lists replace) wherever they appear in argv.
+* Flags, parsed by pydantic-settings, always override files, which override the class defaults:
+  - values: `--trainer.optim.lr 1e-4` or `--trainer.optim.lr=1e-4`; `--model.name null` gives None.
+  - booleans: `--orchestrator.advantage.std_normalize` / `--no-orchestrator.advantage.std_normalize`.
+    Field names keep their underscores; top-level fields also take dashes (`--dry-run`, `--no-dry-run`).
+  - lists: JSON (`--inference.urls '["http://a","http://b"]'`), comma-separated (`--inference.urls a,b`)
+    or repeated (`--inference.urls a --inference.urls b`). A value that starts with `-` needs `=`:
+    `--inference.extra_args=--enforce-eager`. Lists of sections take JSON:
+    `--orchestrator.env '[{"id": "x"}]'`.
+* `--help` prints every flag with its default and exits 0.
+
+Environment variables are never read. Any problem raises `ConfigError`, whose message names the key and
+where its value came from (a file, "command line" or "default").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+from pydantic_settings import BaseSettings, CliSettingsSource
+from pydantic_settings.exceptions import SettingsError
+
+T = TypeVar("T", bound=BaseModel)
+Loc = tuple[int | str, ...]
+# (name, data) of each source of values, lowest precedence first: "default", files, "command line".
+Layers = list[tuple[str, dict[str, Any]]]
+
+_DEFAULT = "default"
+_COMMAND_LINE = "command line"
+_HELP = (
+    "Config files: @ a.toml @ b.json (deep-merged left to right). Flags override files; booleans: --flag / --no-flag."
+)
+
+
+class ConfigError(Exception):
+    """A config that cannot be loaded; str() is the message for the user."""
+
+
+def load_config(cls: type[T], argv: list[str] | None = None) -> T:
+    """Load `cls` from `argv` (default `sys.argv[1:]`): class defaults < `@ files` < flags."""
+    files, flags = _split_files(sys.argv[1:] if argv is None else argv)
+    # Flags first, so that `--help` works whatever the files hold.
+    from_cli = _parse_flags(cls, flags)
+    layers: Layers = [
+        (_DEFAULT, _defaults(cls)),
+        *((f, _read_file(f)) for f in files),
+        (_COMMAND_LINE, from_cli),
+    ]
+    merged: dict[str, Any] = {}
+    for _, data in layers:
+        merged = _merge(merged, data)
+    try:
+        return cls.model_validate(merged)
+    except ValidationError as e:
+        raise ConfigError(_describe(e, merged, layers)) from None
+
+
+def _split_files(argv: list[str]) -> tuple[list[str], list[str]]:
+    files: list[str] = []
+    flags: list[str] = []
+    tokens = iter(argv)
+    for token in tokens:
+        if token == "@":
+            path = next(tokens, None)
+            if path is None:
+                raise ConfigError("expected a config file after '@'")
+            files.append(path)
+        elif token.startswith("@"):
+            files.append(token[1:])
+        else:
+            flags.append(token)
+    return files, flags
+
+
+def _parse_flags(cls: type[BaseModel], flags: list[str]) -> dict[str, Any]:
+    """Flags as a nested dict of the keys they set, validated later together with the files."""
+
+    # CliSettingsSource needs a BaseSettings class; only its parser is used, never its env/init sources.
+    class Settings(BaseSettings, cls):  # type: ignore[misc, valid-type]
+        __doc__ = _HELP
+
+    try:
+        source = CliSettingsSource[Any](
+            Settings,
+            cli_prog_name=os.path.basename(sys.argv[0]),
+            cli_parse_args=flags,
+            cli_exit_on_error=False,
+            cli_implicit_flags=True,
+            cli_hide_none_type=True,
+            cli_shortcuts={name: name.replace("_", "-") for name in cls.model_fields if "_" in name},
+        )
+        return source()
+    except SettingsError as e:
+        raise ConfigError(f"{_COMMAND_LINE}: {str(e).removeprefix('error parsing CLI: ')}") from None
+
+
+def _defaults(cls: type[BaseModel]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, field in cls.model_fields.items():
+        section = field.annotation
+        if isinstance(field.default, BaseModel):
+            # A file that sets one key of a section with a non-trivial default (SFTConfig.optim has
+            # lr=1e-3) updates that default instead of replacing it with the section's field defaults.
+            out[name] = field.default.model_dump()
+        elif field.is_required() and isinstance(section, type) and issubclass(section, BaseModel):
+            # A required section starts empty, so an error names its missing key (model.name), not "model".
+            out[name] = _defaults(section)
+    return out
+
+
+def _read_file(path: str) -> dict[str, Any]:
+    suffix = Path(path).suffix
+    if suffix not in (".toml", ".json"):
+        raise ConfigError(f"{path}: config files must end in .toml or .json")
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
+    try:
+        data = tomllib.loads(text) if suffix == ".toml" else json.loads(text)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{path}: invalid {suffix[1:].upper()}: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a table of config sections")
+    return data
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        old = out.get(key)
+        out[key] = _merge(old, value) if isinstance(old, dict) and isinstance(value, dict) else value
+    return out
+
+
+def _walk(data: Any, loc: Loc) -> tuple[Loc, Any]:
+    """The longest prefix of `loc` present in `data`, and the value there."""
+    for depth, key in enumerate(loc):
+        try:
+            data = data[key]
+        except (KeyError, IndexError, TypeError):
+            return loc[:depth], data
+    return loc, data
+
+
+def _origin(loc: Loc, merged: dict[str, Any], layers: Layers) -> str:
+    # Union errors add member names ("list[str]") to `loc`: attribute the part that is really in the input.
+    path, _ = _walk(merged, loc)
+    names: list[str] = []
+    for name, data in layers:
+        found, value = _walk(data, path)
+        if found == path:
+            # A section collects keys from every layer; a plain value comes from the last one that set it.
+            names = [*names, name] if isinstance(value, dict) else [name]
+    return ", ".join(names)
+
+
+def _describe(error: ValidationError, merged: dict[str, Any], layers: Layers) -> str:
+    lines = ["invalid config:"]
+    for err in error.errors():
+        key = ".".join(str(part) for part in err["loc"]) or "(top level)"
+        if err["type"] == "missing":
+            lines.append(f"  {key}: required, set it in a config file or with --{key}")
+            continue
+        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+        lines.append(f"  {key}: {msg} (from {_origin(err['loc'], merged, layers)})")
+    return "\n".join(lines)

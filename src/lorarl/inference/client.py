@@ -1,0 +1,149 @@
+"""Async client for vLLM's OpenAI-compatible server: the calls the orchestrator makes.
+
+Uses one aiohttp session per worker: measured on the tiny model (VLLM_NOTES.md), a long-lived
+httpx.AsyncClient slowed concurrent batches 4-10x; aiohttp did not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json as json_lib
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+# The server closes idle keep-alive connections after 5 s: a request racing that close fails with
+# a disconnect, and is safe to send again.
+_RETRYABLE = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
+
+
+class InferenceError(RuntimeError):
+    pass
+
+
+@dataclass
+class Completion:
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: str
+
+
+class InferenceClient:
+    """One vLLM server. `in_flight` counts requests not yet answered (for routing)."""
+
+    def __init__(self, base_url: str, timeout: float = 600.0, retries: int = 3) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.in_flight = 0
+        self._timeout = aiohttp.ClientTimeout(total=timeout)
+        self._retries = retries
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=self._timeout)
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _request(self, method: str, path: str, json: dict[str, Any] | None = None) -> tuple[int, str]:
+        for attempt in range(self._retries + 1):
+            try:
+                async with self.session.request(method, self.base_url + path, json=json) as resp:
+                    return resp.status, await resp.text()
+            except _RETRYABLE:
+                if attempt == self._retries:
+                    raise
+                await asyncio.sleep(0.1 * 2**attempt)
+        raise AssertionError("unreachable")
+
+    async def _json(self, method: str, path: str, json: dict[str, Any] | None = None) -> Any:
+        status, text = await self._request(method, path, json)
+        if status != 200:
+            raise InferenceError(f"{method} {self.base_url}{path} -> {status}: {text[:500]}")
+        return json_lib.loads(text)
+
+    async def is_healthy(self) -> bool:
+        try:
+            status, _ = await self._request("GET", "/health")
+        except (TimeoutError, aiohttp.ClientError):
+            return False
+        return status == 200
+
+    async def wait_healthy(self, timeout: float, poll: float = 1.0) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not await self.is_healthy():
+            if loop.time() > deadline:
+                raise InferenceError(f"{self.base_url} did not become healthy within {timeout:.0f} s")
+            await asyncio.sleep(poll)
+
+    async def models(self) -> list[dict[str, Any]]:
+        return list((await self._json("GET", "/v1/models"))["data"])
+
+    async def load_adapter(self, name: str, path: str) -> None:
+        status, text = await self._request("POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})
+        if status != 200:
+            raise InferenceError(f"loading adapter {name} from {path} into {self.base_url}: {status} {text[:300]}")
+
+    async def unload_adapter(self, name: str) -> None:
+        status, text = await self._request("POST", "/v1/unload_lora_adapter", {"lora_name": name})
+        if status not in (200, 404):  # 404: already gone, which is what we wanted
+            raise InferenceError(f"unloading adapter {name} from {self.base_url}: {status} {text[:300]}")
+
+    async def complete(
+        self, model: str, prompt_ids: list[int], n: int, temperature: float, top_p: float, max_tokens: int
+    ) -> list[Completion]:
+        """`n` samples for one tokenized prompt, as token ids with their logprobs (no re-tokenizing)."""
+        body = {
+            "model": model,
+            "prompt": prompt_ids,
+            "n": n,
+            "temperature": temperature,
+            "top_p": top_p,
+            "max_tokens": max_tokens,
+            "logprobs": 0,
+            "return_token_ids": True,
+        }
+        self.in_flight += 1
+        try:
+            data = await self._json("POST", "/v1/completions", body)
+        finally:
+            self.in_flight -= 1
+        choices = sorted(data["choices"], key=lambda c: c["index"])
+        return [
+            Completion(c["token_ids"], c["logprobs"]["token_logprobs"], c["text"], c["finish_reason"]) for c in choices
+        ]
+
+
+class WorkerPool:
+    """All inference workers of a run: routes each request to the least-loaded worker, and keeps
+    the set of loaded adapter versions identical on every worker."""
+
+    def __init__(self, urls: list[str], timeout: float = 600.0) -> None:
+        if not urls:
+            raise ValueError("no inference worker URLs")
+        self.workers = [InferenceClient(u, timeout) for u in urls]
+
+    async def wait_healthy(self, timeout: float) -> None:
+        await asyncio.gather(*(w.wait_healthy(timeout) for w in self.workers))
+
+    def pick(self) -> InferenceClient:
+        return min(self.workers, key=lambda w: w.in_flight)
+
+    async def load_adapter(self, name: str, path: str) -> None:
+        await asyncio.gather(*(w.load_adapter(name, path) for w in self.workers))
+
+    async def unload_adapter(self, name: str) -> None:
+        await asyncio.gather(*(w.unload_adapter(name) for w in self.workers))
+
+    async def complete(self, model: str, prompt_ids: list[int], n: int, **sampling: Any) -> list[Completion]:
+        return await self.pick().complete(model, prompt_ids, n, **sampling)
+
+    async def close(self) -> None:
+        await asyncio.gather(*(w.close() for w in self.workers))

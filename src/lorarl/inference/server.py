@@ -1,0 +1,57 @@
+"""How lorarl starts vLLM's OpenAI server: the command, its environment, the worker URLs.
+
+The same function serves `rl` (which starts the workers) and `inference` (one worker alone).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from lorarl.config.models import VLLM_LORA_RANKS, RLConfig
+
+
+def vllm_max_lora_rank(rank: int) -> int:
+    """The smallest rank vLLM's --max-lora-rank accepts that holds `rank`."""
+    return next(r for r in VLLM_LORA_RANKS if r >= rank)
+
+
+def vllm_max_loras(max_async_level: int) -> int:
+    """Adapter slots per worker: every version rollouts may still use (max_async_level + 1),
+    plus the next one, loaded before the oldest is unloaded."""
+    return max_async_level + 2
+
+
+def worker_urls(cfg: RLConfig) -> list[str]:
+    inf = cfg.inference
+    return list(inf.urls) or [f"http://{inf.host}:{inf.port + i}" for i in range(inf.num_workers)]
+
+
+def vllm_command(cfg: RLConfig, worker: int = 0) -> list[str]:
+    inf = cfg.inference
+    return [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", cfg.model.name,
+        "--dtype", cfg.model.dtype,
+        "--max-model-len", str(cfg.seq_len),
+        "--host", inf.host,
+        "--port", str(inf.port + worker),
+        "--seed", str(cfg.seed),
+        "--enable-lora",
+        "--max-lora-rank", str(vllm_max_lora_rank(cfg.lora.rank)),
+        "--max-loras", str(vllm_max_loras(cfg.orchestrator.max_async_level)),
+        # Logprobs of the distribution actually sampled from (temperature applied), which is what
+        # the trainer computes; vLLM's default is the raw model distribution.
+        "--logprobs-mode", "processed_logprobs",
+        "--gpu-memory-utilization", str(inf.gpu_memory_utilization),
+        *inf.extra_args,
+    ]  # fmt: skip
+
+
+def vllm_env(cfg: RLConfig, worker: int = 0, has_gpu: bool = False) -> dict[str, str]:
+    env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+    if has_gpu:
+        if cfg.inference.num_workers > 1:
+            env["CUDA_VISIBLE_DEVICES"] = str(worker)
+    else:
+        env["VLLM_CPU_KVCACHE_SPACE"] = f"{cfg.inference.kv_cache_gib:g}"
+    return env

@@ -1,0 +1,70 @@
+"""`Supervisor`: runs the processes of a run, each in its own process group with its own log,
+and stops all of them (and everything they started) together."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections import deque
+from pathlib import Path
+
+from lorarl.launcher.plan import ProcessSpec
+
+
+class Supervisor:
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def log_path(self, name: str) -> Path:
+        return self.log_dir / f"{name}.log"
+
+    def start(self, spec: ProcessSpec) -> subprocess.Popen[bytes]:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path(spec.name), "wb") as log:
+            # A new session per child: a terminal's Ctrl-C reaches only `rl`, which then stops each
+            # child's whole group (vLLM's engine core and workers included).
+            proc = subprocess.Popen(
+                spec.cmd, env={**os.environ, **spec.env}, stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+            )  # fmt: skip
+        self.procs[spec.name] = proc
+        return proc
+
+    def failed(self) -> tuple[str, int] | None:
+        """The first child that exited with an error, as (name, exit code)."""
+        for name, proc in self.procs.items():
+            if proc.poll() not in (None, 0):
+                return name, proc.returncode
+        return None
+
+    def finished(self, names: list[str]) -> bool:
+        return all(self.procs[n].poll() == 0 for n in names)
+
+    def stop_all(self, grace: float = 15.0) -> None:
+        """SIGTERM every group, SIGKILL what is left after `grace` seconds."""
+        for proc in self.procs.values():
+            _signal_group(proc, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for proc in self.procs.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        for proc in self.procs.values():
+            # Also catches grandchildren left behind by a leader that has already exited.
+            _signal_group(proc, signal.SIGKILL)
+            proc.wait()
+
+    def tail(self, name: str, lines: int = 40) -> str:
+        try:
+            with open(self.log_path(name), errors="replace") as f:
+                return "".join(deque(f, maxlen=lines))
+        except FileNotFoundError:
+            return ""
+
+
+def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)

@@ -1,0 +1,110 @@
+"""Build a tiny Qwen3 model and tokenizer locally, as an ordinary Hugging Face folder.
+
+No model hub is reachable on the machines lorarl is developed and tested on, so the quickstart
+and the tests train this model. It is a regular Qwen3 checkpoint: transformers, PEFT and vLLM load
+it like any other (vLLM's CPU attention needs head_dim >= 32, hence 32).
+
+    python -m lorarl.tiny_model outputs/models/tiny-qwen3
+"""
+
+from __future__ import annotations
+
+import argparse
+import string
+from pathlib import Path
+
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHATML_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    """A character-level byte-level BPE: every character is its own token, so a model this small
+    can learn character tasks (reversal, sorting) without having to learn sub-word spelling."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex("."), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=256 + len(SPECIAL_TOKENS),
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator([string.printable], trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token=None,
+        chat_template=CHATML_TEMPLATE,
+    )
+
+
+def build_model(
+    vocab_size: int,
+    eos_token_id: int,
+    pad_token_id: int,
+    hidden_size: int = 128,
+    num_layers: int = 4,
+    seed: int = 0,
+) -> Qwen3ForCausalLM:
+    head_dim = 32
+    config = Qwen3Config(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=3 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=hidden_size // head_dim,
+        num_key_value_heads=max(1, hidden_size // head_dim // 2),
+        head_dim=head_dim,
+        max_position_embeddings=1024,
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+        eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
+        bos_token_id=None,
+        torch_dtype="float32",
+    )
+    torch.manual_seed(seed)
+    return Qwen3ForCausalLM(config)
+
+
+def save_tiny_model(out: Path, hidden_size: int = 128, num_layers: int = 4, seed: int = 0) -> Path:
+    tokenizer = build_tokenizer()
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    assert eos is not None and pad is not None
+    model = build_model(len(tokenizer), eos, pad, hidden_size, num_layers, seed)
+    model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=pad)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--hidden-size", type=int, default=128)
+    parser.add_argument("--num-layers", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    save_tiny_model(args.out, args.hidden_size, args.num_layers, args.seed)
+    n = sum(p.numel() for p in Qwen3ForCausalLM.from_pretrained(args.out).parameters())
+    print(f"wrote {args.out} ({n / 1e6:.2f}M parameters)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""Turn token sequences into padded micro-batches for the forward pass."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class TrainSample:
+    """One training sample: `input_ids`, and per input token whether it carries loss, plus an
+    optional per-token float (the sampler's logprob) aligned with `input_ids`."""
+
+    input_ids: list[int]
+    loss_mask: list[bool]
+    old_logprobs: list[float] | None = None
+    advantage: float = 0.0
+    temperature: float = 1.0
+
+
+@dataclass
+class MicroBatch:
+    input_ids: torch.Tensor  # [B, T]
+    attention_mask: torch.Tensor  # [B, T]
+    # The rest are aligned with the *targets* input_ids[:, 1:]: [B, T-1].
+    loss_mask: torch.Tensor
+    old_logprobs: torch.Tensor
+    advantages: torch.Tensor  # [B]
+    temperature: float
+
+
+def micro_batches(samples: Sequence[TrainSample], size: int, pad_id: int) -> Iterator[MicroBatch]:
+    """Right-padded micro-batches of at most `size` samples, grouped by temperature (a micro-batch
+    is scored at one temperature)."""
+    by_temp: dict[float, list[TrainSample]] = {}
+    for s in samples:
+        by_temp.setdefault(s.temperature, []).append(s)
+    for temp, group in by_temp.items():
+        for i in range(0, len(group), size):
+            yield _collate(group[i : i + size], pad_id, temp)
+
+
+def _collate(samples: Sequence[TrainSample], pad_id: int, temperature: float) -> MicroBatch:
+    width = max(len(s.input_ids) for s in samples)
+    ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(samples), width), dtype=torch.long)
+    loss_mask = torch.zeros((len(samples), width), dtype=torch.bool)
+    old = torch.zeros((len(samples), width), dtype=torch.float32)
+    for i, s in enumerate(samples):
+        n = len(s.input_ids)
+        ids[i, :n] = torch.tensor(s.input_ids)
+        attn[i, :n] = 1
+        loss_mask[i, :n] = torch.tensor(s.loss_mask)
+        if s.old_logprobs is not None:
+            old[i, :n] = torch.tensor(s.old_logprobs)
+    return MicroBatch(
+        input_ids=ids,
+        attention_mask=attn,
+        loss_mask=loss_mask[:, 1:],
+        old_logprobs=old[:, 1:],
+        advantages=torch.tensor([s.advantage for s in samples], dtype=torch.float32),
+        temperature=temperature,
+    )

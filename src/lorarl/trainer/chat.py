@@ -1,0 +1,43 @@
+"""Tokenize chat conversations with a mask of the tokens the assistant wrote."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+Message = dict[str, Any]
+
+
+def encode_chat(tokenizer: PreTrainedTokenizerBase, messages: list[Message], add_generation_prompt: bool) -> list[int]:
+    ids = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False
+    )
+    return list(ids)
+
+
+def tokenize_with_assistant_mask(
+    tokenizer: PreTrainedTokenizerBase, messages: list[Message]
+) -> tuple[list[int], list[bool]]:
+    """Token ids of the whole conversation, and True for the tokens of each assistant turn.
+
+    Each assistant turn is found as the difference between the conversation rendered up to it
+    (with the generation prompt) and rendered through it, which works for any chat template whose
+    renderings extend each other; one that does not is an error rather than a silently wrong mask.
+    """
+    ids: list[int] = []
+    mask: list[bool] = []
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        prefix = encode_chat(tokenizer, messages[:i], add_generation_prompt=True)
+        full = encode_chat(tokenizer, messages[: i + 1], add_generation_prompt=False)
+        if full[: len(prefix)] != prefix or prefix[: len(ids)] != ids:
+            raise ValueError("the chat template re-renders earlier turns; cannot mask assistant tokens")
+        mask += [False] * (len(prefix) - len(ids)) + [True] * (len(full) - len(prefix))
+        ids = full
+    whole = encode_chat(tokenizer, messages, add_generation_prompt=False)
+    if whole[: len(ids)] != ids:
+        raise ValueError("the chat template re-renders earlier turns; cannot mask assistant tokens")
+    mask += [False] * (len(whole) - len(ids))
+    return whole, mask

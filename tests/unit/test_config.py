@@ -1,0 +1,169 @@
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from lorarl.config.loader import ConfigError, load_config
+from lorarl.config.models import RLConfig, SFTConfig
+
+
+def write(path: Path, text: str) -> str:
+    path.write_text(text)
+    return str(path)
+
+
+def test_files_merge_left_to_right(tmp_path: Path) -> None:
+    a = write(tmp_path / "a.toml", '[model]\nname = "m"\n[trainer.optim]\nlr = 1e-3\nweight_decay = 0.1\n')
+    b = write(tmp_path / "b.toml", "seed = 2\n[trainer.optim]\nlr = 2e-3\n")
+    cfg = load_config(RLConfig, ["@", a, f"@{b}"])
+    assert cfg.model.name == "m"
+    assert cfg.seed == 2
+    assert cfg.trainer.optim.lr == 2e-3
+    # Tables merge key by key: b's [trainer.optim] keeps a's weight_decay.
+    assert cfg.trainer.optim.weight_decay == 0.1
+
+
+def test_lists_replace(tmp_path: Path) -> None:
+    a = write(tmp_path / "a.toml", '[model]\nname = "m"\n[inference]\nurls = ["http://a", "http://b"]\n')
+    b = write(tmp_path / "b.toml", '[inference]\nurls = ["http://c"]\n')
+    assert load_config(RLConfig, ["@", a, "@", b]).inference.urls == ["http://c"]
+
+
+def test_cli_overrides_files_wherever_it_appears(tmp_path: Path) -> None:
+    a = write(tmp_path / "a.toml", 'seed = 1\n[model]\nname = "m"\n')
+    assert load_config(RLConfig, ["@", a, "--seed", "3"]).seed == 3
+    assert load_config(RLConfig, ["--seed", "3", "@", a]).seed == 3
+
+
+def test_nested_dotted_overrides() -> None:
+    cfg = load_config(
+        RLConfig,
+        [
+            "--model.name",
+            "m",
+            "--trainer.optim.lr",
+            "1e-4",
+            "--orchestrator.sampling.temperature=0.7",
+            "--no-orchestrator.advantage.std_normalize",
+        ],
+    )
+    assert cfg.trainer.optim.lr == 1e-4
+    assert cfg.orchestrator.sampling.temperature == 0.7
+    assert cfg.orchestrator.advantage.std_normalize is False
+    assert load_config(RLConfig, ["--model.name", "m", "--model.lora.use_rslora"]).lora.use_rslora is True
+
+
+@pytest.mark.parametrize("flag", ["--dry-run", "--dry_run"])
+def test_dry_run(flag: str) -> None:
+    assert load_config(RLConfig, ["--model.name", "m", flag]).dry_run is True
+    assert load_config(RLConfig, ["--model.name", "m"]).dry_run is False
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--inference.urls", '["http://a","http://b"]'],
+        ["--inference.urls", "http://a", "--inference.urls", "http://b"],
+        ["--inference.urls", "http://a,http://b"],
+    ],
+)
+def test_cli_lists(args: list[str]) -> None:
+    assert load_config(RLConfig, ["--model.name", "m", *args]).inference.urls == ["http://a", "http://b"]
+
+
+def test_section_default_is_updated_not_replaced(tmp_path: Path) -> None:
+    a = write(tmp_path / "a.toml", '[model]\nname = "m"\n[data]\npath = "d.jsonl"\n[optim]\nweight_decay = 0.1\n')
+    cfg = load_config(SFTConfig, ["@", a])
+    assert cfg.optim.lr == 1e-3  # SFTConfig's own default, not OptimConfig's
+    assert cfg.optim.weight_decay == 0.1
+
+
+def test_unknown_key_in_file_names_key_and_file(tmp_path: Path) -> None:
+    a = write(tmp_path / "x.toml", '[model]\nname = "m"\n[trainer.optim]\nlrr = 1e-4\n')
+    with pytest.raises(ConfigError) as exc:
+        load_config(RLConfig, ["@", a])
+    assert "trainer.optim.lrr" in str(exc.value)
+    assert a in str(exc.value)
+
+
+def test_unknown_key_in_second_file_names_that_file(tmp_path: Path) -> None:
+    a = write(tmp_path / "a.toml", '[model]\nname = "m"\n')
+    b = write(tmp_path / "b.toml", "[orchestrator.sampling]\ntemprature = 0.5\n")
+    with pytest.raises(ConfigError) as exc:
+        load_config(RLConfig, ["@", a, "@", b])
+    msg = str(exc.value)
+    assert "orchestrator.sampling.temprature" in msg
+    assert b in msg
+    assert a not in msg
+
+
+def test_unknown_cli_flag() -> None:
+    with pytest.raises(ConfigError, match="--trainer.optim.lrr"):
+        load_config(RLConfig, ["--model.name", "m", "--trainer.optim.lrr", "1e-4"])
+
+
+def test_bad_type_names_key_and_source(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as exc:
+        load_config(RLConfig, ["--model.name", "m", "--seed", "abc"])
+    assert "seed" in str(exc.value)
+    assert "command line" in str(exc.value)
+
+    a = write(tmp_path / "a.toml", '[model]\nname = "m"\n[orchestrator.sampling]\ntemperature = -1\n')
+    with pytest.raises(ConfigError) as exc:
+        load_config(RLConfig, ["@", a])
+    assert "orchestrator.sampling.temperature" in str(exc.value)
+    assert "greater than 0" in str(exc.value)
+    assert a in str(exc.value)
+
+
+def test_missing_required_key() -> None:
+    with pytest.raises(ConfigError) as exc:
+        load_config(SFTConfig, ["--model.name", "m"])
+    assert "data.path" in str(exc.value)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    missing = str(tmp_path / "nope.toml")
+    with pytest.raises(ConfigError, match="not found") as exc:
+        load_config(RLConfig, ["@", missing])
+    assert missing in str(exc.value)
+
+
+def test_bad_toml_names_file_and_parser_message(tmp_path: Path) -> None:
+    a = write(tmp_path / "a.toml", "[model\nname = 'm'\n")
+    with pytest.raises(ConfigError) as exc:
+        load_config(RLConfig, ["@", a])
+    assert a in str(exc.value)
+    assert "line 1" in str(exc.value)
+
+
+def test_json_file(tmp_path: Path) -> None:
+    a = write(tmp_path / "a.json", json.dumps({"model": {"name": "m"}, "trainer": {"optim": {"lr": 3e-4}}}))
+    cfg = load_config(RLConfig, [f"@{a}"])
+    assert cfg.model.name == "m"
+    assert cfg.trainer.optim.lr == 3e-4
+
+
+def test_round_trip_through_json(tmp_path: Path) -> None:
+    cfg = load_config(
+        RLConfig,
+        ["--model.name", "m", "--trainer.optim.betas", "[0.8, 0.95]", "--inference.urls", "http://a"],
+    )
+    dumped = write(tmp_path / "dump.json", json.dumps(cfg.model_dump(mode="json")))
+    assert load_config(RLConfig, ["@", dumped]) == cfg
+
+
+def test_help_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        load_config(RLConfig, ["--help"])
+    assert exc.value.code == 0
+    assert "--trainer.optim.lr" in capsys.readouterr().out
+
+
+def test_reads_sys_argv_but_not_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "argv", ["rl", "--model.name", "m"])
+    monkeypatch.setenv("seed", "7")
+    cfg = load_config(RLConfig)
+    assert cfg.model.name == "m"
+    assert cfg.seed == 0
