@@ -106,6 +106,9 @@ async def orchestrate(cfg: RLConfig) -> None:
             })  # fmt: skip
             log.info("step %d: policy %d, reward %.3f, sampled in %.1f s", step, version,
                      statistics.fmean(r.reward for r in rollouts), t_sampled - t_policy)  # fmt: skip
+        # Serve the final policy too: it stays loaded, so a server kept running (inference.urls)
+        # answers `<run_name>-step<max_steps>` for evals and chat after the run.
+        await watcher.wait_for(cfg.max_steps, ocfg.policy_timeout)
     finally:
         await pool.close()
         metrics.close()

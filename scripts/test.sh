@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Set up (if needed) and run the whole test suite: unit tests, then integration tests that start
+# real vLLM servers. Extra arguments go to pytest (e.g. `bash scripts/test.sh tests/unit -x`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+export HF_HUB_OFFLINE=1 WANDB_MODE=disabled RAY_AUTH_MODE=disabled TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+if [[ $# -gt 0 ]]; then
+    exec .venv/bin/python -m pytest "$@"
+fi
+.venv/bin/ruff check src tests scripts
+.venv/bin/ruff format --check src tests scripts
+exec .venv/bin/python -m pytest tests -v --durations=15

@@ -1,0 +1,69 @@
+"""The `rl` launcher: dry run, failure of a child, and Ctrl-C with vLLM started by `rl` itself."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import free_port
+from tests.integration.helpers import metrics, rl_command, rl_config, run_rl, write_config
+
+pytestmark = pytest.mark.integration
+
+
+def test_dry_run_prints_the_vllm_command_and_starts_nothing(tiny_model: Path, tmp_path: Path) -> None:
+    port = free_port()
+    config = write_config(rl_config(tiny_model, tmp_path, "dry", **{"inference.port": port}), tmp_path / "rl.json")
+    result = run_rl(config, "--dry-run", timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "vllm.entrypoints.openai.api_server" in result.stdout
+    assert "--enable-lora --max-lora-rank 8 --max-loras 2" in result.stdout
+    assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True" in result.stdout
+    configs = tmp_path / "dry" / "configs"
+    assert {p.name for p in configs.iterdir()} == {
+        "trainer.json", "orchestrator.json", "inference.json", "commands.txt"
+    }  # fmt: skip
+    assert not (tmp_path / "dry" / "logs").exists() or not any((tmp_path / "dry" / "logs").iterdir())
+    assert not (tmp_path / "dry" / "broadcasts").exists()
+
+
+def test_a_failing_child_stops_the_run_and_shows_its_log(tiny_model: Path, vllm_server: str, tmp_path: Path) -> None:
+    cfg = rl_config(tiny_model, tmp_path, "fails", **{"inference.urls": [vllm_server]})
+    cfg["model"]["lora"]["target_modules"] = ["no_such_module"]  # PEFT refuses: the trainer dies at start
+    result = run_rl(write_config(cfg, tmp_path / "rl.json"), timeout=300)
+    assert result.returncode == 1
+    assert "trainer exited with code" in result.stderr
+    assert "no_such_module" in result.stderr  # the tail of the trainer's log
+
+
+def test_sigint_stops_every_process(tiny_model: Path, tmp_path: Path) -> None:
+    """`rl` starts its own vLLM here; after Ctrl-C none of the processes it started survives."""
+    cfg = rl_config(tiny_model, tmp_path, "sigint", max_steps=1000, **{"inference.port": free_port()})
+    proc = subprocess.Popen(rl_command(write_config(cfg, tmp_path / "rl.json")), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    run = tmp_path / "sigint"
+    deadline = time.monotonic() + 400
+    try:
+        # Wait until the run is really running: the trainer has finished two steps through vLLM.
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            if (run / "metrics.jsonl").exists() and sum(r["component"] == "trainer" for r in metrics(run)) >= 2:
+                break
+            time.sleep(1)
+        else:
+            pytest.fail("rl did not reach step 2")
+        descendants = psutil.Process(proc.pid).children(recursive=True)
+        names = " ".join(" ".join(p.cmdline()) for p in descendants)
+        assert "vllm" in names and "lorarl.cli.trainer" in names and "lorarl.cli.orchestrator" in names
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=120) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    gone, alive = psutil.wait_procs(descendants, timeout=5)
+    assert not alive, [p.cmdline() for p in alive]

@@ -1,0 +1,42 @@
+import random
+
+import pytest
+
+from lorarl.orchestrator.advantages import group_advantages
+from lorarl.orchestrator.envs import load_environment
+from lorarl.orchestrator.envs.reverse_text import ReverseText
+
+
+def test_reverse_text_rewards_right_partial_wrong_and_malformed() -> None:
+    env = ReverseText()
+    example = {"text": "green apple"}
+    assert env.score(example, "elppa neerg")["reward"] == 1.0
+    assert env.score(example, "  elppa neerg\n")["reward"] == 1.0  # surrounding whitespace is not an error
+    partial = env.score(example, "elppa")["reward"]
+    assert 0.4 < partial < 0.7
+    assert env.score(example, "green apple")["reward"] < partial  # not reversed
+    assert env.score(example, "")["reward"] == 0.0
+    assert env.score(example, "<|im_end|>###")["reward"] < 0.2
+
+
+def test_reverse_text_examples_are_reproducible_and_solved_by_solution() -> None:
+    env = load_environment("reverse_text", {"min_words": 2, "max_words": 3})
+    a = [next(env.examples(random.Random(7))) for _ in range(3)]
+    b = [next(env.examples(random.Random(7))) for _ in range(3)]
+    assert a == b
+    for ex in a:
+        assert 2 <= len(ex["text"].split()) <= 3
+        assert env.score(ex, env.solution(ex))["reward"] == 1.0
+        assert env.prompt(ex)[-1] == {"role": "user", "content": ex["text"]}
+
+
+def test_unknown_environment_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="unknown environment 'nope'"):
+        load_environment("nope")
+
+
+def test_group_advantages() -> None:
+    assert group_advantages([1.0, 0.0, 0.5], std_normalize=False) == [0.5, -0.5, 0.0]
+    adv = group_advantages([1.0, 0.0])
+    assert adv[0] == pytest.approx(1.0, abs=1e-5) and adv[1] == pytest.approx(-1.0, abs=1e-5)
+    assert group_advantages([0.3, 0.3, 0.3]) == [0.0, 0.0, 0.0]  # nothing to learn from a tied group

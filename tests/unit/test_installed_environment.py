@@ -1,0 +1,22 @@
+"""The environment scripts/setup.sh builds: transformers model classes and vLLM both import."""
+
+import importlib.util
+import subprocess
+import sys
+
+
+def test_transformers_qwen3_and_vllm_import_together() -> None:
+    # A fresh interpreter: import order and side effects as in a real `rl` process.
+    code = "from transformers import Qwen3ForCausalLM; import vllm, peft; print(vllm.__version__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().endswith("0.32.0")
+
+
+def test_cuda_linked_vision_and_audio_packages_are_left_out() -> None:
+    import torch
+
+    if torch.cuda.is_available():  # GPU installs keep the CUDA builds vLLM expects
+        return
+    for name in ("torchvision", "torchaudio", "torchcodec"):
+        assert importlib.util.find_spec(name) is None, f"{name} is installed; it breaks transformers on CPU torch"

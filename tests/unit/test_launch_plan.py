@@ -1,0 +1,56 @@
+from pathlib import Path
+
+import pytest
+
+from lorarl.config.models import RLConfig
+from lorarl.inference.server import vllm_command, vllm_env, vllm_max_lora_rank, worker_urls
+from lorarl.launcher.plan import plan_run
+from lorarl.run_folder import RunFolder
+
+
+@pytest.mark.parametrize(("rank", "expected"), [(1, 1), (2, 8), (8, 8), (9, 16), (100, 128), (300, 320)])
+def test_lora_rank_rounds_up_to_a_rank_vllm_accepts(rank: int, expected: int) -> None:
+    assert vllm_max_lora_rank(rank) == expected
+
+
+def cfg(tmp_path: Path, **kw) -> RLConfig:
+    return RLConfig.model_validate({"model": {"name": "m", "lora": {"rank": 12}}, "output_dir": str(tmp_path), **kw})
+
+
+def test_vllm_command_derives_lora_flags_from_the_config(tmp_path: Path) -> None:
+    c = cfg(tmp_path, orchestrator={"max_async_level": 2}, inference={"port": 9000, "num_workers": 2})
+    cmd = " ".join(vllm_command(c, worker=1))
+    assert "--max-lora-rank 16" in cmd
+    assert "--max-loras 4" in cmd  # versions in flight (3) + the next one
+    assert "--port 9001" in cmd
+    assert "--logprobs-mode processed_logprobs" in cmd
+    assert vllm_env(c, 1, has_gpu=False) == {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    assert vllm_env(c, 1, has_gpu=True)["CUDA_VISIBLE_DEVICES"] == "1"
+    assert worker_urls(c) == ["http://127.0.0.1:9000", "http://127.0.0.1:9001"]
+
+
+def test_plan_writes_per_process_configs_and_commands(tmp_path: Path) -> None:
+    c = cfg(tmp_path)
+    run = RunFolder(c.run_dir)
+    specs = plan_run(c, run, has_gpu=False)
+    assert [s.name for s in specs] == ["inference-0", "orchestrator", "trainer"]
+    assert (run.configs / "commands.txt").read_text().count("\n# ") == 2
+    # Each process's config reproduces the resolved values it reads.
+    from lorarl.config.loader import load_config
+
+    trainer = load_config(RLConfig, ["@", str(run.configs / "trainer.json")])
+    assert trainer.lora.rank == 12 and trainer.trainer == c.trainer
+
+
+def test_given_urls_mean_no_inference_process(tmp_path: Path) -> None:
+    c = cfg(tmp_path, inference={"urls": ["http://h:1"]})
+    assert [s.name for s in plan_run(c, RunFolder(c.run_dir), has_gpu=False)] == ["orchestrator", "trainer"]
+
+
+def test_rl_always_trains_lora_and_checks_the_init_adapter(tmp_path: Path) -> None:
+    c = RLConfig.model_validate({"model": {"name": "m"}})
+    assert c.lora.rank == 8
+    (tmp_path / "adapter_config.json").write_text('{"r": 16, "lora_alpha": 16, "use_rslora": false}')
+    c.lora.init_adapter = tmp_path
+    with pytest.raises(ValueError, match="has r=16, but \\[model.lora\\] says 8"):
+        c.lora.check_init_adapter()
