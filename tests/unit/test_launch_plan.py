@@ -1,3 +1,4 @@
+import os
 from pathlib import Path
 
 import pytest
@@ -39,7 +40,10 @@ def test_plan_writes_per_process_configs_and_commands(tmp_path: Path) -> None:
     from lorarl.config.loader import load_config
 
     trainer = load_config(RLConfig, ["@", str(run.configs / "trainer.json")])
-    assert trainer.lora.rank == 12 and trainer.trainer == c.trainer
+    assert trainer.lora.rank == 12 and trainer.trainer.optim == c.trainer.optim
+    # rl starts CPU vLLM workers here: the trainer leaves their cores to them.
+    assert trainer.trainer.num_threads == max(1, (os.cpu_count() or 1) - 1)
+    assert c.trainer.num_threads is None  # the user's config object is not modified
 
 
 def test_given_urls_mean_no_inference_process(tmp_path: Path) -> None:

@@ -82,6 +82,9 @@ class TrainerConfig(Section):
     micro_batch_size: int = Field(16, ge=1, description="samples per forward/backward pass")
     # Seconds to wait for a rollout batch before giving up (the orchestrator may have died).
     batch_timeout: float = Field(1800.0, gt=0)
+    # Torch CPU threads. Unset: torch's default, except that `rl` starting vLLM workers on a machine
+    # without a GPU leaves one core per worker to vLLM (sharing a core with its worker is ~4x slower).
+    num_threads: int | None = Field(None, ge=1)
 
 
 class SamplingConfig(Section):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -34,6 +35,10 @@ def plan_run(cfg: RLConfig, run: RunFolder, has_gpu: bool) -> list[ProcessSpec]:
     """Write configs/{trainer,orchestrator,inference}.json and commands.txt; return the processes
     in start order (inference workers first: the others need them)."""
     run.configs.mkdir(parents=True, exist_ok=True)
+    starts_cpu_workers = not has_gpu and not cfg.inference.urls
+    if starts_cpu_workers and cfg.trainer.num_threads is None:
+        cfg = cfg.model_copy(deep=True)
+        cfg.trainer.num_threads = max(1, (os.cpu_count() or 1) - cfg.inference.num_workers)
     for role, sections in _SECTIONS.items():
         (run.configs / f"{role}.json").write_text(
             json.dumps(cfg.model_dump(mode="json", include=sections), indent=2) + "\n"

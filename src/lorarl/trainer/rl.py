@@ -30,6 +30,8 @@ def train(cfg: RLConfig) -> None:
     run = RunFolder(cfg.run_dir).create()
     metrics = MetricsLogger(run.metrics, "trainer", cfg.monitor, cfg.run_name)
     torch.manual_seed(cfg.seed)
+    if cfg.trainer.num_threads is not None:
+        torch.set_num_threads(cfg.trainer.num_threads)
 
     model = apply_lora(load_model(cfg.model), cfg.lora)
     pad_id = model.config.pad_token_id or 0

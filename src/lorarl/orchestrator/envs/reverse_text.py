@@ -19,7 +19,7 @@ WORDS = (
     "tunnel valley wallet basket copper dragon engine feather guitar harbor insect jacket kitten"
 ).split()
 
-SYSTEM_PROMPT = "Reverse the text character by character."
+SYSTEM_PROMPT = "Reverse the text."
 
 
 def reversal_similarity(example: Example, completion: str) -> float:
