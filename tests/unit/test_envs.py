@@ -1,22 +1,50 @@
+import asyncio
 import random
 
 import pytest
 
 from lorarl.orchestrator.advantages import group_advantages
 from lorarl.orchestrator.envs import load_environment
+from lorarl.orchestrator.envs.base import Environment, Episode, WeightedReward
 from lorarl.orchestrator.envs.reverse_text import ReverseText
+
+
+def score(env, example: dict, completion: str) -> dict[str, float]:
+    messages = [*env.prompt(example), {"role": "assistant", "content": completion}]
+    return asyncio.run(env.score(Episode(example, messages)))
 
 
 def test_reverse_text_rewards_right_partial_wrong_and_malformed() -> None:
     env = ReverseText()
     example = {"text": "green apple"}
-    assert env.score(example, "elppa neerg")["reward"] == 1.0
-    assert env.score(example, "  elppa neerg\n")["reward"] == 1.0  # surrounding whitespace is not an error
-    partial = env.score(example, "elppa")["reward"]
+    assert score(env, example, "elppa neerg")["reward"] == 1.0
+    assert score(env, example, "  elppa neerg\n")["reward"] == 1.0  # surrounding whitespace is not an error
+    partial = score(env, example, "elppa")["reward"]
     assert 0.4 < partial < 0.7
-    assert env.score(example, "green apple")["reward"] < partial  # not reversed
-    assert env.score(example, "")["reward"] == 0.0
-    assert env.score(example, "<|im_end|>###")["reward"] < 0.2
+    assert score(env, example, "green apple")["reward"] < partial  # not reversed
+    assert score(env, example, "")["reward"] == 0.0
+    assert score(env, example, "<|im_end|>###")["reward"] < 0.2
+
+
+class Flaky(Environment):
+    name = "flaky"
+
+    def __init__(self) -> None:
+        async def async_ok(ep: Episode) -> float:
+            return 1.0
+
+        def broken(ep: Episode) -> float:
+            raise RuntimeError("bug in a reward function")
+
+        self.rewards = [WeightedReward(async_ok, 0.5), WeightedReward(broken, 2.0)]
+
+    def prompt(self, example: dict) -> list[dict[str, str]]:
+        return [{"role": "user", "content": "q"}]
+
+
+def test_async_rewards_and_a_raising_reward_scores_zero_and_is_counted() -> None:
+    scores = score(Flaky(), {}, "a")
+    assert scores == {"async_ok": 1.0, "broken": 0.0, "reward": 0.5, "reward_errors": 1}
 
 
 def test_reverse_text_examples_are_reproducible_and_solved_by_solution() -> None:
@@ -26,7 +54,7 @@ def test_reverse_text_examples_are_reproducible_and_solved_by_solution() -> None
     assert a == b
     for ex in a:
         assert 2 <= len(ex["text"].split()) <= 3
-        assert env.score(ex, env.solution(ex))["reward"] == 1.0
+        assert score(env, ex, env.solution(ex))["reward"] == 1.0
         assert env.prompt(ex)[-1] == {"role": "user", "content": ex["text"]}
 
 

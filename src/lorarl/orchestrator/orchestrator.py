@@ -17,31 +17,29 @@ import time
 from dataclasses import dataclass
 from itertools import islice
 
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoTokenizer
 
 from lorarl.config.models import RLConfig
-from lorarl.inference.client import Completion, WorkerPool
+from lorarl.inference.client import WorkerPool
 from lorarl.inference.server import worker_urls
 from lorarl.monitor.metrics import MetricsLogger
 from lorarl.orchestrator.adapters import AdapterWatcher
 from lorarl.orchestrator.advantages import group_advantages
 from lorarl.orchestrator.envs import load_environment
 from lorarl.orchestrator.envs.base import Environment, Example
+from lorarl.orchestrator.episodes import EpisodeRunner, PlayedEpisode
 from lorarl.rollouts import Rollout, RolloutBatch
 from lorarl.run_folder import RunFolder
-from lorarl.trainer.chat import encode_chat
 
 log = logging.getLogger("lorarl.orchestrator")
 
 
 @dataclass
 class Group:
-    """`rollouts_per_example` completions of one example, sampled with one policy version."""
+    """`rollouts_per_example` episodes of one example, played with one policy version."""
 
     env: Environment
-    example: Example
-    prompt_ids: list[int]
-    completions: list[Completion]
+    episodes: list[PlayedEpisode]
     scores: list[dict[str, float]]
 
 
@@ -56,6 +54,7 @@ async def orchestrate(cfg: RLConfig) -> None:
     weights = [e.weight for e in ocfg.env]
 
     pool = WorkerPool(worker_urls(cfg))
+    runner = EpisodeRunner(pool, tokenizer, ocfg.sampling, cfg.seq_len)
     log.info("waiting for %d inference worker(s): %s", len(pool.workers), [w.base_url for w in pool.workers])
     await pool.wait_healthy(cfg.inference.startup_timeout)
     watcher = AdapterWatcher(pool, run, cfg.run_name)
@@ -72,20 +71,21 @@ async def orchestrate(cfg: RLConfig) -> None:
 
             picks = rng.choices(range(len(envs)), weights, k=ocfg.batch_size // ocfg.rollouts_per_example)
             groups = await asyncio.gather(
-                *(sample_group(pool, adapter, envs[i], next(streams[i]), tokenizer, cfg) for i in picks)
+                *(play_group(runner, adapter, envs[i], next(streams[i]), ocfg.rollouts_per_example) for i in picks)
             )
             t_sampled = time.perf_counter()
 
             rollouts = []
             for group in groups:
-                rewards = [s["reward"] for s in group.scores]
+                rewards = [score["reward"] for score in group.scores]
                 advantages = group_advantages(rewards, ocfg.advantage.std_normalize)
-                for completion, score, advantage in zip(group.completions, group.scores, advantages, strict=True):
-                    rollouts.append(
+                for played, score, advantage in zip(group.episodes, group.scores, advantages, strict=True):
+                    rollouts += [
                         Rollout(
-                            prompt_ids=group.prompt_ids,
-                            completion_ids=completion.token_ids,
-                            completion_logprobs=completion.logprobs,
+                            prompt_ids=sample.prompt_ids,
+                            completion_ids=sample.completion_ids,
+                            completion_logprobs=sample.completion_logprobs,
+                            completion_mask=sample.completion_mask,
                             advantage=advantage,
                             reward=score["reward"],
                             policy_version=version,
@@ -93,9 +93,10 @@ async def orchestrate(cfg: RLConfig) -> None:
                             env=group.env.name,
                             metrics=score,
                         )
-                    )
+                        for sample in played.samples
+                    ]
             RolloutBatch(step, rollouts).write(run.rollouts(step))
-            write_samples(run, step, groups, tokenizer, ocfg.num_samples_to_log)
+            write_samples(run, step, groups, ocfg.num_samples_to_log)
             t_end = time.perf_counter()
 
             metrics.log(step, batch_metrics(groups, step, version) | {
@@ -104,8 +105,8 @@ async def orchestrate(cfg: RLConfig) -> None:
                 "time/step": t_end - t0,
                 "tokens_per_s": sum(len(r.completion_ids) for r in rollouts) / max(1e-9, t_sampled - t_policy),
             })  # fmt: skip
-            log.info("step %d: policy %d, reward %.3f, sampled in %.1f s", step, version,
-                     statistics.fmean(r.reward for r in rollouts), t_sampled - t_policy)  # fmt: skip
+            log.info("step %d: policy %d, %d rollouts, sampled in %.1f s", step, version, len(rollouts),
+                     t_sampled - t_policy)  # fmt: skip
         # Serve the final policy too: it stays loaded, so a server kept running (inference.urls)
         # answers `<run_name>-step<max_steps>` for evals and chat after the run.
         await watcher.wait_for(cfg.max_steps, ocfg.policy_timeout)
@@ -114,52 +115,43 @@ async def orchestrate(cfg: RLConfig) -> None:
         metrics.close()
 
 
-async def sample_group(
-    pool: WorkerPool, adapter: str, env: Environment, example: Example,
-    tokenizer: PreTrainedTokenizerBase, cfg: RLConfig,
-) -> Group:  # fmt: skip
-    sampling = cfg.orchestrator.sampling
-    prompt_ids = encode_chat(tokenizer, env.prompt(example), add_generation_prompt=True)
-    room = cfg.seq_len - len(prompt_ids)
-    if room < 1:
-        raise ValueError(f"{env.name}: a prompt of {len(prompt_ids)} tokens leaves no room in seq_len {cfg.seq_len}")
-    completions = await pool.complete(
-        adapter, prompt_ids, cfg.orchestrator.rollouts_per_example,
-        temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=min(sampling.max_tokens, room),
-    )  # fmt: skip
-    scores = [env.score(example, c.text) for c in completions]
-    return Group(env, example, prompt_ids, completions, scores)
+async def play_group(runner: EpisodeRunner, adapter: str, env: Environment, example: Example, n: int) -> Group:
+    episodes = await runner.play(adapter, env, example, n)
+    scores = list(await asyncio.gather(*(env.score(e.episode) for e in episodes)))
+    return Group(env, episodes, scores)
 
 
 def batch_metrics(groups: list[Group], step: int, version: int) -> dict[str, float]:
-    rewards = [s["reward"] for g in groups for s in g.scores]
-    lengths = [len(c.token_ids) for g in groups for c in g.completions]
+    scores = [score for g in groups for score in g.scores]
+    episodes = [e for g in groups for e in g.episodes]
+    lengths = [e.model_tokens for e in episodes]
     out = {
-        "reward/mean": statistics.fmean(rewards),
-        "reward/std": statistics.pstdev(rewards),
+        "reward/mean": statistics.fmean(s["reward"] for s in scores),
+        "reward/std": statistics.pstdev(s["reward"] for s in scores),
+        "reward_errors": sum(s["reward_errors"] for s in scores),
         "completion_len/mean": statistics.fmean(lengths),
         "completion_len/max": max(lengths),
-        "truncated_frac": statistics.fmean(c.finish_reason == "length" for g in groups for c in g.completions),
+        "turns/mean": statistics.fmean(len(e.episode.turns) for e in episodes),
+        "truncated_frac": statistics.fmean(e.truncated for e in episodes),
         "policy_version": version,
         "policy_lag": step - 1 - version,
     }
-    for env_name in {g.env.name for g in groups}:
-        for key in groups[0].scores[0]:
-            values = [s[key] for g in groups if g.env.name == env_name for s in g.scores if key in s]
-            if values:
-                out[f"env/{env_name}/{key}"] = statistics.fmean(values)
+    # Per environment: its share of the batch, and the mean of each of its reward functions.
+    for env_name in sorted({g.env.name for g in groups}):
+        env_scores = [score for g in groups if g.env.name == env_name for score in g.scores]
+        for key in env_scores[0]:
+            out[f"env/{env_name}/{key}"] = statistics.fmean(score[key] for score in env_scores)
     return out
 
 
-def write_samples(run: RunFolder, step: int, groups: list[Group], tokenizer: PreTrainedTokenizerBase, num: int) -> None:
+def write_samples(run: RunFolder, step: int, groups: list[Group], num: int) -> None:
     if num == 0:
         return
     path = run.samples(step)
     path.parent.mkdir(parents=True, exist_ok=True)
     rows = (
-        {"env": g.env.name, "prompt": tokenizer.decode(g.prompt_ids), "completion": c.text,
-         "finish_reason": c.finish_reason, **s}
-        for g in groups for c, s in zip(g.completions, g.scores, strict=True)
+        {"env": g.env.name, "messages": e.episode.messages, "truncated": e.truncated, **score}
+        for g in groups for e, score in zip(g.episodes, g.scores, strict=True)
     )  # fmt: skip
     with open(path, "w") as f:
         f.writelines(json.dumps(row) + "\n" for row in islice(rows, num))

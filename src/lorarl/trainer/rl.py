@@ -55,14 +55,14 @@ def train(cfg: RLConfig) -> None:
         samples = [
             TrainSample(
                 input_ids=r.prompt_ids + r.completion_ids,
-                loss_mask=[False] * len(r.prompt_ids) + [True] * len(r.completion_ids),
+                loss_mask=[False] * len(r.prompt_ids) + r.completion_mask,
                 old_logprobs=[0.0] * len(r.prompt_ids) + r.completion_logprobs,
                 advantage=r.advantage,
                 temperature=r.temperature,
             )
             for r in batch.rollouts
         ]
-        total_loss_tokens = max(1, sum(len(r.completion_ids) for r in batch.rollouts))
+        total_loss_tokens = max(1, sum(sum(r.completion_mask) for r in batch.rollouts))
         model.train()
         step_stats: dict[str, float] = {}
         loss_sum = 0.0

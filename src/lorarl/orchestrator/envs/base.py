@@ -1,20 +1,48 @@
 """The environment API: what a task gives the orchestrator.
 
-An environment is a stream of examples (plain dicts), the chat messages that open an episode for
-an example, and weighted reward functions of (example, completion text). Writing a new one is a
-one-file job: subclass `Environment`, fill in `examples` and `prompt`, list `rewards`.
+An environment is a stream of examples (plain dicts), the chat messages that open an episode,
+for multi-turn tasks an `env_response` that answers each model turn (or ends the episode), and
+weighted reward functions of the finished `Episode`. Writing one is a one-file job: subclass
+`Environment`, fill in `examples` and `prompt`, list `rewards` (see examples/custom_environment/).
 """
 
 from __future__ import annotations
 
+import inspect
+import logging
 import random
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 Message = dict[str, str]
 Example = dict[str, Any]
-RewardFunc = Callable[[Example, str], float]
+
+log = logging.getLogger("lorarl.orchestrator")
+
+
+@dataclass
+class Episode:
+    """One rollout as the environment sees it: the whole conversation, and scratch `state` the
+    environment may fill in `env_response` (e.g. the expected answer of each turn)."""
+
+    example: Example
+    messages: list[Message]
+    state: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def turns(self) -> list[str]:
+        """What the model wrote, turn by turn."""
+        return [m["content"] for m in self.messages if m["role"] == "assistant"]
+
+    @property
+    def completion(self) -> str:
+        """The model's last turn (its whole answer, for single-turn environments)."""
+        turns = self.turns
+        return turns[-1] if turns else ""
+
+
+RewardFunc = Callable[[Episode], float | Awaitable[float]]
 
 
 @dataclass(frozen=True)
@@ -24,13 +52,13 @@ class WeightedReward:
 
     @property
     def name(self) -> str:
-        return self.func.__name__
+        return getattr(self.func, "__name__", type(self.func).__name__)
 
 
 class Environment:
-    """Single-turn environment: one prompt, one completion, rewards from the completion text."""
-
     name: str = "environment"
+    # Model turns per episode; `env_response` is asked for the next messages after each but the last.
+    max_turns: int = 1
     rewards: list[WeightedReward] = []
 
     def examples(self, rng: random.Random) -> Iterator[Example]:
@@ -38,15 +66,30 @@ class Environment:
         raise NotImplementedError
 
     def prompt(self, example: Example) -> list[Message]:
-        """The chat messages the model answers."""
+        """The chat messages that open an episode."""
         raise NotImplementedError
 
+    def env_response(self, episode: Episode) -> list[Message] | None:
+        """After a model turn: the next user or tool messages, or None to end the episode."""
+        return None
+
     def solution(self, example: Example) -> str:
-        """A correct answer, used to build supervised warm-up data. Optional."""
+        """A correct answer, to build supervised warm-up data (single-turn environments)."""
         raise NotImplementedError(f"{self.name} has no reference solutions")
 
-    def score(self, example: Example, completion: str) -> dict[str, float]:
-        """Each reward function's value, and their weighted sum under "reward"."""
-        scores = {r.name: float(r.func(example, completion)) for r in self.rewards}
+    async def score(self, episode: Episode) -> dict[str, float]:
+        """Each reward function's value, their weighted sum ("reward") and "reward_errors": a
+        reward function that raises scores 0 and is counted, it never stops the run."""
+        scores: dict[str, float] = {}
+        errors = 0
+        for r in self.rewards:
+            try:
+                value = r.func(episode)
+                scores[r.name] = float(await value if inspect.isawaitable(value) else value)
+            except Exception:
+                log.exception("reward function %s of %s raised; scoring 0", r.name, self.name)
+                scores[r.name] = 0.0
+                errors += 1
         scores["reward"] = sum(r.weight * scores[r.name] for r in self.rewards)
+        scores["reward_errors"] = errors
         return scores

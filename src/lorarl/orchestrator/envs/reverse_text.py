@@ -10,7 +10,7 @@ import difflib
 import random
 from collections.abc import Iterator
 
-from lorarl.orchestrator.envs.base import Environment, Example, Message, WeightedReward
+from lorarl.orchestrator.envs.base import Environment, Episode, Example, Message, WeightedReward
 
 WORDS = (
     "apple river stone cloud light green music paper table water bread chair dream earth field "
@@ -22,8 +22,8 @@ WORDS = (
 SYSTEM_PROMPT = "Reverse the text."
 
 
-def reversal_similarity(example: Example, completion: str) -> float:
-    return difflib.SequenceMatcher(None, completion.strip(), example["text"][::-1]).ratio()
+def reversal_similarity(episode: Episode) -> float:
+    return difflib.SequenceMatcher(None, episode.completion.strip(), episode.example["text"][::-1]).ratio()
 
 
 class ReverseText(Environment):
