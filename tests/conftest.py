@@ -28,10 +28,19 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_tiny_model(tmp_path_factory.mktemp("models") / "tiny-qwen3")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def free_port(consecutive: int = 1) -> int:
+    """A port p such that p .. p + consecutive - 1 are all free (worker i listens on port + i)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        try:
+            for p in range(port, port + consecutive):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+            return port
+        except OSError:
+            continue
 
 
 def wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 300) -> None:

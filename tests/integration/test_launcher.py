@@ -41,9 +41,12 @@ def test_a_failing_child_stops_the_run_and_shows_its_log(tiny_model: Path, vllm_
     assert "no_such_module" in result.stderr  # the tail of the trainer's log
 
 
-def test_sigint_stops_every_process(tiny_model: Path, tmp_path: Path) -> None:
-    """`rl` starts its own vLLM here; after Ctrl-C none of the processes it started survives."""
-    cfg = rl_config(tiny_model, tmp_path, "sigint", max_steps=1000, **{"inference.port": free_port()})
+def test_two_workers_then_sigint_stops_every_process(tiny_model: Path, tmp_path: Path) -> None:
+    """`rl` starts two vLLM workers of its own here: both serve every adapter version and take
+    requests; after Ctrl-C none of the processes `rl` started survives."""
+    cfg = rl_config(tiny_model, tmp_path, "sigint", max_steps=1000, **{"inference.port": free_port(consecutive=2)})
+    cfg["inference"]["num_workers"] = 2
+    cfg["inference"]["kv_cache_gib"] = 0.5
     proc = subprocess.Popen(rl_command(write_config(cfg, tmp_path / "rl.json")), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
     run = tmp_path / "sigint"
@@ -57,6 +60,10 @@ def test_sigint_stops_every_process(tiny_model: Path, tmp_path: Path) -> None:
             time.sleep(1)
         else:
             pytest.fail("rl did not reach step 2")
+        for worker in (0, 1):
+            log = (run / "logs" / f"inference-{worker}.log").read_text()
+            assert "Loaded new LoRA adapter: name 'sigint-step1'" in log, worker
+            assert "POST /v1/completions" in log, worker
         descendants = psutil.Process(proc.pid).children(recursive=True)
         names = " ".join(" ".join(p.cmdline()) for p in descendants)
         assert "vllm" in names and "lorarl.cli.trainer" in names and "lorarl.cli.orchestrator" in names

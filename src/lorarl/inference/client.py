@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json as json_lib
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +37,9 @@ class InferenceClient:
     def __init__(self, base_url: str, timeout: float = 600.0, retries: int = 3) -> None:
         self.base_url = base_url.rstrip("/")
         self.in_flight = 0
+        # Seconds with at least one completion request in flight: the worker's busy time.
+        self.busy_seconds = 0.0
+        self._busy_since = 0.0
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._retries = retries
         self._session: aiohttp.ClientSession | None = None
@@ -110,11 +114,15 @@ class InferenceClient:
             "logprobs": 0,
             "return_token_ids": True,
         }
+        if self.in_flight == 0:
+            self._busy_since = time.monotonic()
         self.in_flight += 1
         try:
             data = await self._json("POST", "/v1/completions", body)
         finally:
             self.in_flight -= 1
+            if self.in_flight == 0:
+                self.busy_seconds += time.monotonic() - self._busy_since
         choices = sorted(data["choices"], key=lambda c: c["index"])
         return [
             Completion(c["token_ids"], c["logprobs"]["token_logprobs"], c["text"], c["finish_reason"]) for c in choices
@@ -132,6 +140,11 @@ class WorkerPool:
 
     async def wait_healthy(self, timeout: float) -> None:
         await asyncio.gather(*(w.wait_healthy(timeout) for w in self.workers))
+
+    def busy_seconds(self) -> float:
+        """Busy time summed over workers, including requests still running."""
+        now = time.monotonic()
+        return sum(w.busy_seconds + (now - w._busy_since if w.in_flight else 0.0) for w in self.workers)
 
     def pick(self) -> InferenceClient:
         return min(self.workers, key=lambda w: w.in_flight)

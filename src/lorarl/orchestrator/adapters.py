@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
+from collections import Counter
 
 from lorarl.inference.client import WorkerPool
 from lorarl.run_folder import RunFolder
@@ -14,20 +13,18 @@ log = logging.getLogger("lorarl.orchestrator")
 
 class AdapterWatcher:
     """Each policy version N is loaded under its own name, `<run_name>-step<N>`, so requests in
-    flight keep the version that started them and two runs can share one inference fleet.
+    flight keep the version that started them, vLLM's same-name reload problems never apply, and
+    two runs can share one inference fleet.
 
-    Call `refresh` / `wait_for` only between batches, when no request is in flight: the previous
-    version is unloaded as soon as a newer one is loaded.
+    New work takes the newest version with `acquire` and gives it back with `release`; an older
+    version is unloaded once no work holds it.
     """
 
     def __init__(self, pool: WorkerPool, run: RunFolder, run_name: str) -> None:
         self.pool, self.run, self.run_name = pool, run, run_name
         self.version: int | None = None
-
-    @property
-    def name(self) -> str:
-        assert self.version is not None, "no adapter loaded yet"
-        return self.adapter_name(self.version)
+        self._loaded: set[int] = set()
+        self._in_use: Counter[int] = Counter()
 
     def adapter_name(self, version: int) -> str:
         return f"{self.run_name}-step{version}"
@@ -38,20 +35,25 @@ class AdapterWatcher:
         if latest is None or (self.version is not None and latest <= self.version):
             return False
         await self.pool.load_adapter(self.adapter_name(latest), str(self.run.broadcast(latest).resolve()))
-        previous, self.version = self.version, latest
-        if previous is not None:
-            await self.pool.unload_adapter(self.adapter_name(previous))
-        log.info("policy version %d loaded as %s", latest, self.name)
+        self.version = latest
+        self._loaded.add(latest)
+        log.info("policy version %d loaded as %s", latest, self.adapter_name(latest))
+        await self._unload_unused()
         return True
 
-    async def wait_for(self, min_version: int, timeout: float, poll: float = 0.05) -> float:
-        """Refresh until the loaded version is at least `min_version`; returns seconds waited."""
-        start = time.monotonic()
-        await self.refresh()
-        while self.version is None or self.version < min_version:
-            if time.monotonic() - start > timeout:
-                raise TimeoutError(f"no adapter version >= {min_version} in {self.run.root / 'broadcasts'} "
-                                   f"after {timeout:.0f} s (is the trainer alive?)")  # fmt: skip
-            await asyncio.sleep(poll)
-            await self.refresh()
-        return time.monotonic() - start
+    def acquire(self) -> tuple[int, str]:
+        """The newest loaded version and its adapter name, held until `release`."""
+        assert self.version is not None, "no adapter loaded yet"
+        self._in_use[self.version] += 1
+        return self.version, self.adapter_name(self.version)
+
+    async def release(self, version: int) -> None:
+        self._in_use[version] -= 1
+        await self._unload_unused()
+
+    async def _unload_unused(self) -> None:
+        for version in sorted(self._loaded):
+            if version != self.version and self._in_use[version] == 0:
+                self._loaded.discard(version)
+                del self._in_use[version]
+                await self.pool.unload_adapter(self.adapter_name(version))

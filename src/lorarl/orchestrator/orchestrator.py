@@ -1,9 +1,11 @@
 """The orchestrator loop, top to bottom.
 
-For step N: make sure the loaded policy is recent enough (version >= N-1-max_async_level; with 0
-this waits for the trainer, otherwise sampling runs ahead of it), sample `batch_size` rollouts
-from vLLM as token ids with their logprobs, score them, compute group-normalized advantages, and
-write rollouts/step_N for the trainer.
+Rollouts are sampled in groups (`rollouts_per_example` episodes of one example). Each group is
+meant for one trainer step N and launched as soon as the newest loaded policy may be used for
+it, i.e. its version v >= N-1-max_async_level: with 0 the orchestrator waits for the trainer
+before each batch; with more it samples ahead while the trainer trains, keeping vLLM busy.
+When all groups of step N have finished, their rewards become group-normalized advantages and
+the batch is written to rollouts/step_N for the trainer.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import logging
 import random
 import statistics
 import time
+from collections import defaultdict
 from dataclasses import dataclass
 from itertools import islice
 
@@ -39,6 +42,7 @@ class Group:
     """`rollouts_per_example` episodes of one example, played with one policy version."""
 
     env: Environment
+    version: int
     episodes: list[PlayedEpisode]
     scores: list[dict[str, float]]
 
@@ -52,6 +56,7 @@ async def orchestrate(cfg: RLConfig) -> None:
     envs = [load_environment(e.id, e.args) for e in ocfg.env]
     streams = [env.examples(random.Random(rng.random())) for env in envs]
     weights = [e.weight for e in ocfg.env]
+    groups_per_step = ocfg.batch_size // ocfg.rollouts_per_example
 
     pool = WorkerPool(worker_urls(cfg))
     runner = EpisodeRunner(pool, tokenizer, ocfg.sampling, cfg.seq_len)
@@ -59,70 +64,108 @@ async def orchestrate(cfg: RLConfig) -> None:
     await pool.wait_healthy(cfg.inference.startup_timeout)
     watcher = AdapterWatcher(pool, run, cfg.run_name)
 
+    async def play_group(env: Environment, example: Example) -> Group:
+        version, adapter = watcher.acquire()
+        try:
+            episodes = await runner.play(adapter, env, example, ocfg.rollouts_per_example)
+        finally:
+            await watcher.release(version)
+        scores = list(await asyncio.gather(*(env.score(e.episode) for e in episodes)))
+        return Group(env, version, episodes, scores)
+
+    in_flight: dict[asyncio.Task[Group], int] = {}  # task -> the step it is for
+    finished: dict[int, list[Group]] = defaultdict(list)
+    launched = 0  # groups launched so far; group i is for step i // groups_per_step + 1
+    step = 1
+    waited = 0.0  # time with nothing to do but wait for a newer policy, since the last batch
+    idle_since = time.monotonic()
+    t_step, busy_at_step = time.perf_counter(), pool.busy_seconds()
     try:
-        for step in range(1, cfg.max_steps + 1):
-            t0 = time.perf_counter()
-            # The batch for step N may use a policy at most max_async_level versions behind N-1.
-            min_version = max(0, step - 1 - ocfg.max_async_level)
-            waited = await watcher.wait_for(min_version, ocfg.policy_timeout)
-            version, adapter = watcher.version, watcher.name
-            assert version is not None
-            t_policy = time.perf_counter()
+        while step <= cfg.max_steps:
+            await watcher.refresh()
+            # Launch every group whose step may use the newest policy (version >= step-1-max_async_level).
+            while (target := launched // groups_per_step + 1) <= cfg.max_steps and (
+                watcher.version is not None and watcher.version >= target - 1 - ocfg.max_async_level
+            ):
+                i = rng.choices(range(len(envs)), weights)[0]
+                in_flight[asyncio.create_task(play_group(envs[i], next(streams[i])))] = target
+                launched += 1
 
-            picks = rng.choices(range(len(envs)), weights, k=ocfg.batch_size // ocfg.rollouts_per_example)
-            groups = await asyncio.gather(
-                *(play_group(runner, adapter, envs[i], next(streams[i]), ocfg.rollouts_per_example) for i in picks)
-            )
-            t_sampled = time.perf_counter()
+            if len(finished[step]) == groups_per_step:
+                groups = finished.pop(step)
+                rollouts = to_rollouts(groups, ocfg.advantage.std_normalize, ocfg.sampling.temperature)
+                RolloutBatch(step, rollouts).write(run.rollouts(step))
+                write_samples(run, step, groups, ocfg.num_samples_to_log)
+                now, busy = time.perf_counter(), pool.busy_seconds()
+                metrics.log(step, batch_metrics(groups, step) | {
+                    "time/wait_for_policy": waited,
+                    "time/step": now - t_step,
+                    "inference/busy_frac": (busy - busy_at_step) / max(1e-9, (now - t_step) * len(pool.workers)),
+                    "inference/groups_in_flight": len(in_flight),
+                    "tokens_per_s": sum(len(r.completion_ids) for r in rollouts) / max(1e-9, now - t_step),
+                })  # fmt: skip
+                log.info("step %d: %d rollouts written (policy versions %s)", step, len(rollouts),
+                         sorted({g.version for g in groups}))  # fmt: skip
+                step, waited, t_step, busy_at_step = step + 1, 0.0, now, busy
+                continue
 
-            rollouts = []
-            for group in groups:
-                rewards = [score["reward"] for score in group.scores]
-                advantages = group_advantages(rewards, ocfg.advantage.std_normalize)
-                for played, score, advantage in zip(group.episodes, group.scores, advantages, strict=True):
-                    rollouts += [
-                        Rollout(
-                            prompt_ids=sample.prompt_ids,
-                            completion_ids=sample.completion_ids,
-                            completion_logprobs=sample.completion_logprobs,
-                            completion_mask=sample.completion_mask,
-                            advantage=advantage,
-                            reward=score["reward"],
-                            policy_version=version,
-                            temperature=ocfg.sampling.temperature,
-                            env=group.env.name,
-                            metrics=score,
-                        )
-                        for sample in played.samples
-                    ]
-            RolloutBatch(step, rollouts).write(run.rollouts(step))
-            write_samples(run, step, groups, ocfg.num_samples_to_log)
-            t_end = time.perf_counter()
-
-            metrics.log(step, batch_metrics(groups, step, version) | {
-                "time/wait_for_policy": waited,
-                "time/generate": t_sampled - t_policy,
-                "time/step": t_end - t0,
-                "tokens_per_s": sum(len(r.completion_ids) for r in rollouts) / max(1e-9, t_sampled - t_policy),
-            })  # fmt: skip
-            log.info("step %d: policy %d, %d rollouts, sampled in %.1f s", step, version, len(rollouts),
-                     t_sampled - t_policy)  # fmt: skip
+            if in_flight:
+                done, _ = await asyncio.wait(in_flight, timeout=0.05, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    finished[in_flight.pop(task)].append(task.result())
+                idle_since = time.monotonic()
+            else:
+                # Everything launched has finished: only a newer policy lets sampling go on.
+                if time.monotonic() - idle_since > ocfg.policy_timeout:
+                    raise no_new_policy(run, ocfg.policy_timeout)
+                t0 = time.perf_counter()
+                await asyncio.sleep(0.05)
+                waited += time.perf_counter() - t0
         # Serve the final policy too: it stays loaded, so a server kept running (inference.urls)
         # answers `<run_name>-step<max_steps>` for evals and chat after the run.
-        await watcher.wait_for(cfg.max_steps, ocfg.policy_timeout)
+        deadline = time.monotonic() + ocfg.policy_timeout
+        while watcher.version != cfg.max_steps:
+            if time.monotonic() > deadline:
+                raise no_new_policy(run, ocfg.policy_timeout)
+            await asyncio.sleep(0.05)
+            await watcher.refresh()
     finally:
+        for task in in_flight:
+            task.cancel()
         await pool.close()
         metrics.close()
 
 
-async def play_group(runner: EpisodeRunner, adapter: str, env: Environment, example: Example, n: int) -> Group:
-    episodes = await runner.play(adapter, env, example, n)
-    scores = list(await asyncio.gather(*(env.score(e.episode) for e in episodes)))
-    return Group(env, episodes, scores)
+def no_new_policy(run: RunFolder, timeout: float) -> TimeoutError:
+    return TimeoutError(f"no new adapter in {run.root / 'broadcasts'} after {timeout:.0f} s (is the trainer alive?)")
 
 
-def batch_metrics(groups: list[Group], step: int, version: int) -> dict[str, float]:
+def to_rollouts(groups: list[Group], std_normalize: bool, temperature: float) -> list[Rollout]:
+    rollouts = []
+    for group in groups:
+        advantages = group_advantages([score["reward"] for score in group.scores], std_normalize)
+        for played, score, advantage in zip(group.episodes, group.scores, advantages, strict=True):
+            rollouts += [
+                Rollout(
+                    prompt_ids=sample.prompt_ids,
+                    completion_ids=sample.completion_ids,
+                    completion_logprobs=sample.completion_logprobs,
+                    completion_mask=sample.completion_mask,
+                    advantage=advantage,
+                    reward=score["reward"],
+                    policy_version=group.version,
+                    temperature=temperature,
+                    env=group.env.name,
+                    metrics=score,
+                )
+                for sample in played.samples
+            ]
+    return rollouts
+
+
+def batch_metrics(groups: list[Group], step: int) -> dict[str, float]:
     scores = [score for g in groups for score in g.scores]
+    lags = [step - 1 - g.version for g in groups]
     episodes = [e for g in groups for e in g.episodes]
     lengths = [e.model_tokens for e in episodes]
     out = {
@@ -133,8 +176,9 @@ def batch_metrics(groups: list[Group], step: int, version: int) -> dict[str, flo
         "completion_len/max": max(lengths),
         "turns/mean": statistics.fmean(len(e.episode.turns) for e in episodes),
         "truncated_frac": statistics.fmean(e.truncated for e in episodes),
-        "policy_version": version,
-        "policy_lag": step - 1 - version,
+        "policy_version": min(g.version for g in groups),
+        "policy_lag/mean": statistics.fmean(lags),
+        "policy_lag/max": max(lags),
     }
     # Per environment: its share of the batch, and the mean of each of its reward functions.
     for env_name in sorted({g.env.name for g in groups}):

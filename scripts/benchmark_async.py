@@ -1,0 +1,94 @@
+"""Throughput of `rl` at several `max_async_level`s on one config and one vLLM server.
+
+    python scripts/benchmark_async.py @ configs/quickstart/rl.toml --steps 20 --levels 0 1 2
+
+Reports, per level, from metrics.jsonl (steps after the first, so start-up is not counted):
+steps per minute, the trainer's idle fraction (time waiting for a batch / wall time) and the
+inference busy fraction (time with requests in flight / wall time, averaged over workers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from lorarl.config.loader import load_config
+from lorarl.config.models import RLConfig
+
+
+def wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"vLLM exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2):
+                return
+        except OSError:
+            time.sleep(1)
+    raise SystemExit(f"vLLM not healthy after {timeout} s")
+
+
+def summarize(run_dir: Path) -> dict[str, float]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    trainer = sorted((r for r in rows if r["component"] == "trainer"), key=lambda r: r["step"])[1:]
+    orch = sorted((r for r in rows if r["component"] == "orchestrator"), key=lambda r: r["step"])[1:]
+    wall = trainer[-1]["time"] - trainer[0]["time"] + trainer[0]["time/step"]
+    return {
+        "steps_per_min": 60 * len(trainer) / wall,
+        "trainer_idle_frac": sum(r["time/wait_for_batch"] for r in trainer) / wall,
+        "inference_busy_frac": statistics.fmean(r["inference/busy_frac"] for r in orch),
+        "policy_lag_mean": statistics.fmean(r["policy_lag/mean"] for r in trainer),
+        "reward_last": statistics.fmean(r["reward/mean"] for r in orch[-5:]),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("config", nargs="+", help="@ file.toml ... as for rl")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--levels", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--port", type=int, default=8400)
+    args = parser.parse_args()
+    cfg = load_config(RLConfig, args.config)
+    url = f"http://127.0.0.1:{args.port}"
+    server_flags = ["--inference.port", str(args.port), "--orchestrator.max_async_level", str(max(args.levels))]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "lorarl.cli.inference", *args.config, *server_flags],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True,
+    )  # fmt: skip
+    results = {}
+    try:
+        wait_healthy(url, server)
+        for level in args.levels:
+            name = f"bench-async-{level}"
+            subprocess.run(
+                [sys.executable, "-m", "lorarl.cli.rl", *args.config, "--inference.urls", json.dumps([url]),
+                 "--orchestrator.max_async_level", str(level), "--max_steps", str(args.steps), "--run_name", name,
+                 # rl leaves vLLM its core only when it starts the workers itself.
+                 "--trainer.num_threads", str(max(1, (os.cpu_count() or 1) - 1))],
+                check=True, env=env,
+            )  # fmt: skip
+            results[level] = summarize(cfg.output_dir / name)
+    finally:
+        os.killpg(server.pid, 15)
+        server.wait()
+    print(f"\n{'max_async_level':>15} {'steps/min':>10} {'trainer idle':>13} {'inference busy':>15} {'lag':>5}")
+    for level, r in results.items():
+        print(f"{level:>15} {r['steps_per_min']:>10.1f} {r['trainer_idle_frac']:>13.0%} "
+              f"{r['inference_busy_frac']:>15.0%} {r['policy_lag_mean']:>5.2f}")  # fmt: skip
+    out = cfg.output_dir / "bench-async.json"
+    out.write_text(json.dumps(results, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
