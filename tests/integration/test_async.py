@@ -37,6 +37,8 @@ def test_batches_never_lag_more_than_max_async_level(
     assert max(lags) == level
     trainer = [r for r in metrics(tmp_path / f"async{level}") if r["component"] == "trainer"]
     assert max(r["policy_lag/max"] for r in trainer) == level
+    # Old adapter folders are deleted once unloaded; the final version stays.
+    assert sorted(p.name for p in (tmp_path / f"async{level}" / "broadcasts").iterdir()) == [f"step_{steps}"]
 
 
 def test_two_runs_share_one_inference_server(tiny_model: Path, vllm_server: str, tmp_path: Path) -> None:

@@ -46,7 +46,6 @@ def test_two_workers_then_sigint_stops_every_process(tiny_model: Path, tmp_path:
     requests; after Ctrl-C none of the processes `rl` started survives."""
     cfg = rl_config(tiny_model, tmp_path, "sigint", max_steps=1000, **{"inference.port": free_port(consecutive=2)})
     cfg["inference"]["num_workers"] = 2
-    cfg["inference"]["kv_cache_gib"] = 0.5
     proc = subprocess.Popen(rl_command(write_config(cfg, tmp_path / "rl.json")), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
     run = tmp_path / "sigint"

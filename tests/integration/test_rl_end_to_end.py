@@ -17,6 +17,8 @@ pytestmark = pytest.mark.integration
 def finished_run(tiny_model: Path, vllm_server: str, tmp_path_factory: pytest.TempPathFactory) -> dict:
     out = tmp_path_factory.mktemp("runs")
     cfg = rl_config(tiny_model, out, "e2e", **{"inference.urls": [vllm_server]})
+    cfg["orchestrator"]["eval"] = {"interval": 2, "num_examples": 3, "rollouts_per_example": 2}
+    cfg["orchestrator"]["delete_old_broadcasts"] = False  # every version is inspected below
     config = write_config(cfg, out / "rl.json")
     with ModelListWatcher(vllm_server) as watcher:
         result = run_rl(config)
@@ -90,3 +92,19 @@ def test_rollout_batches_hold_what_the_trainer_needs(finished_run: dict) -> None
     advantages = [json.loads(line)["advantage"] for line in lines]
     for g in range(4):
         assert abs(sum(advantages[4 * g : 4 * g + 4])) < 1e-4
+
+
+def test_evals_report_avg_and_pass_at_k_for_the_start_every_interval_and_the_end(finished_run: dict) -> None:
+    evals = {r["step"]: r for r in metrics(finished_run["run"]) if r["component"] == "eval"}
+    assert sorted(evals) == [0, 2, 3]
+    for row in evals.values():
+        avg, best = row["eval/reverse_text/avg@2"], row["eval/reverse_text/pass@2"]
+        assert 0.0 <= avg <= best <= 1.0
+
+
+def test_samples_show_decoded_episodes(finished_run: dict) -> None:
+    lines = (finished_run["run"] / "samples" / "step_2.jsonl").read_text().splitlines()
+    sample = json.loads(lines[0])
+    assert sample["env"] == "reverse_text"
+    assert sample["messages"][-1]["role"] == "assistant"
+    assert 0.0 <= sample["reward"] <= 1.0

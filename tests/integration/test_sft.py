@@ -25,14 +25,15 @@ def write_chat_data(path: Path) -> Path:
     return path
 
 
-def run_sft(tiny_model: Path, tmp_path: Path, data: Path) -> subprocess.CompletedProcess[str]:
+def run_sft(tiny_model: Path, tmp_path: Path, data: Path, *flags: str) -> subprocess.CompletedProcess[str]:
     cfg = {
         "max_steps": 20, "seq_len": 64, "output_dir": str(tmp_path), "run_name": "sft", "batch_size": 6,
         "micro_batch_size": 3, "log_interval": 5, "model": {"name": str(tiny_model), "lora": {"rank": 8, "alpha": 16}},
         "data": {"path": str(data)}, "optim": {"lr": 1e-2}, "monitor": {"console": False},
     }  # fmt: skip
     config = write_config(cfg, tmp_path / "sft.json")
-    return subprocess.run([sys.executable, "-m", "lorarl.cli.sft", "@", str(config)], capture_output=True, text=True)
+    cmd = [sys.executable, "-m", "lorarl.cli.sft", "@", str(config), *flags]
+    return subprocess.run(cmd, capture_output=True, text=True)
 
 
 def test_sft_adapter_starts_an_rl_run(tiny_model: Path, vllm_server: str, tmp_path: Path) -> None:
@@ -62,3 +63,21 @@ def test_malformed_record_names_file_and_line(tiny_model: Path, tmp_path: Path) 
     result = run_sft(tiny_model, tmp_path, data)
     assert result.returncode != 0
     assert f"{data}:7: malformed record" in result.stderr
+
+
+def test_eval_checkpoints_and_resume_from_the_command_line(tiny_model: Path, tmp_path: Path) -> None:
+    data = write_chat_data(tmp_path / "chat.jsonl")
+    flags = ["--data.eval_fraction", "0.34", "--eval.interval", "10", "--ckpt.interval", "10", "--ckpt.keep_last", "1"]
+    first = run_sft(tiny_model, tmp_path, data, *flags)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "4 training samples, 2 eval samples" in first.stderr
+    checkpoints = tmp_path / "sft" / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["step_20"]  # keep_last 1
+
+    again = run_sft(tiny_model, tmp_path, data, *flags, "--resume", "--max_steps", "30")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"resumed from {checkpoints / 'step_20' / 'trainer'}" in again.stderr
+    rows = [json.loads(line) for line in (tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [5, 10, 15, 20, 25, 30]
+    assert [r["step"] for r in rows if "eval/loss" in r] == [10, 20, 30]
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["step_30"]

@@ -58,3 +58,10 @@ def test_rl_always_trains_lora_and_checks_the_init_adapter(tmp_path: Path) -> No
     c.lora.init_adapter = tmp_path
     with pytest.raises(ValueError, match="has r=16, but \\[model.lora\\] says 8"):
         c.lora.check_init_adapter()
+
+
+def test_a_user_max_loras_must_hold_every_version_in_flight(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="sets --max-loras 2, but max_async_level 1 can keep 3"):
+        cfg(tmp_path, inference={"extra_args": ["--max-loras", "2"]})
+    c = cfg(tmp_path, inference={"extra_args": ["--max-loras", "6"]})
+    assert vllm_command(c).count("--max-loras") == 1 and "6" in vllm_command(c)

@@ -1,56 +1,166 @@
 import math
 
+import pytest
 import torch
 
 from lorarl.config.models import LossConfig
 from lorarl.trainer.batching import TrainSample, micro_batches
-from lorarl.trainer.loss import policy_loss, token_logprobs
+from lorarl.trainer.loss import LossNorm, policy_loss, token_logprobs, token_logprobs_and_entropy
+
+# Three samples of three completion tokens and one with no loss token (all-False mask). Token ratios
+# exp(new - old): e^0.5, e^-0.1, 1 | e^-0.7, 1, (e^1, no loss) | e^0.1, e^0.05, e^-0.05 | (none).
+# Sequence ratios (geometric mean over loss tokens): e^(0.4/3) = 1.14 in range, e^-0.35 = 0.70 out of
+# [0.8, 1.28], e^(0.1/3) = 1.03 in range.
+OLD = [[-1.0, -2.0, -0.5], [-0.3, -1.2, -3.0], [-0.9, -0.4, -1.1], [-0.2, -0.2, -0.2]]
+NEW = [[-0.5, -2.1, -0.5], [-1.0, -1.2, -2.0], [-0.8, -0.35, -1.15], [-0.6, -0.1, -0.9]]
+REF = [[-0.7, -1.9, -0.6], [-0.9, -1.0, -2.5], [-0.8, -0.5, -1.0], [-0.3, -0.3, -0.3]]
+MASK = [[True, True, True], [True, True, False], [True, True, True], [False, False, False]]
+ADV = [1.5, -0.7, 0.4, 2.0]
+LOW, HIGH = 0.2, 0.28
 
 
-def batch_with(old: list[list[float]], mask: list[list[bool]], advantages: list[float]):
-    samples = [
+def samples_with(old: list[list[float]], mask: list[list[bool]], advantages: list[float]) -> list[TrainSample]:
+    return [
         TrainSample(input_ids=[1] * (len(o) + 1), loss_mask=[False, *m], old_logprobs=[0.0, *o], advantage=a)
         for o, m, a in zip(old, mask, advantages, strict=True)
     ]
+
+
+def batch_with(old: list[list[float]], mask: list[list[bool]], advantages: list[float]):
+    samples = samples_with(old, mask, advantages)
     return next(micro_batches(samples, size=len(samples), pad_id=0))
 
 
-def reference_loss(new, old, mask, adv, low, high, mode):
-    total, n = 0.0, sum(sum(m) for m in mask)
-    for new_row, old_row, mask_row, a in zip(new, old, mask, adv, strict=True):
-        for lp, olp, m in zip(new_row, old_row, mask_row, strict=True):
-            if not m:
-                continue
-            r = math.exp(lp - olp)
+def on_loss_tokens(*tables: list[list[float]]) -> list[tuple[float, ...]]:
+    """(table_1[i][t], table_2[i][t], ...) for every loss token (i, t) of MASK."""
+    return [v[:-1] for rows in zip(*tables, MASK, strict=True) for v in zip(*rows, strict=True) if v[-1]]
+
+
+def reference_loss(new, old, mask, adv, *, level, mode, norm, constant=None, ref=None, kl_coef=0.0) -> float:
+    """The module docstring of loss.py, one token at a time."""
+    n_tokens = sum(sum(m) for m in mask)
+    n_samples = sum(any(m) for m in mask)
+    total = 0.0
+    for i in range(len(new)):
+        loss_tokens = [t for t, m in enumerate(mask[i]) if m]
+        if not loss_tokens:
+            continue
+        seq_ratio = math.exp(sum(new[i][t] - old[i][t] for t in loss_tokens) / len(loss_tokens))
+        row = 0.0
+        for t in loss_tokens:
+            r = seq_ratio if level == "sequence" else math.exp(new[i][t] - old[i][t])
+            a = adv[i]
             if mode == "clip":
-                total += -min(r * a, min(max(r, 1 - low), 1 + high) * a)
-            elif 1 - low <= r <= 1 + high:
-                total += -r * a
-    return total / n
+                row += -min(r * a, min(max(r, 1 - LOW), 1 + HIGH) * a)
+            elif 1 - LOW <= r <= 1 + HIGH:
+                row += -r * a
+            if ref is not None:
+                d = ref[i][t] - new[i][t]
+                row += kl_coef * (math.exp(d) - d - 1)
+        weight = {"token": 1 / n_tokens, "sequence": 1 / (len(loss_tokens) * n_samples), "constant": 1 / constant}
+        total += weight[norm] * row
+    return total
 
 
-def test_policy_loss_matches_a_direct_computation() -> None:
-    old = [[-1.0, -2.0, -0.5], [-0.3, -1.2, -3.0]]
-    new = [[-0.5, -2.1, -0.5], [-1.0, -1.2, -2.0]]  # ratios e^0.5, e^-0.1, 1, e^-0.7, 1, e^1
-    mask = [[True, True, True], [True, True, False]]
-    adv = [1.5, -0.7]
-    batch = batch_with(old, mask, adv)
-    for mode in ("clip", "mask"):
-        cfg = LossConfig(ratio_mode=mode, ratio_low=0.2, ratio_high=0.28)
-        loss, stats = policy_loss(torch.tensor(new), batch, cfg, total_loss_tokens=5)
-        expected = reference_loss(new, old, mask, adv, 0.2, 0.28, mode)
-        assert math.isclose(loss.item(), expected, rel_tol=1e-6), (mode, loss.item(), expected)
-        # Out of [0.8, 1.28] among the 5 loss tokens: e^0.5 = 1.65 and e^-0.7 = 0.50.
-        assert math.isclose(stats["ratio/out_of_range_frac"].item(), 2 / 5, rel_tol=1e-6)
-        assert math.isclose(stats["mismatch/logprob_abs_diff"].item(), (0.5 + 0.1 + 0 + 0.7 + 0) / 5, rel_tol=1e-5)
+VARIANTS = [
+    (level, mode, norm, kl)
+    for level in ("token", "sequence")
+    for mode in ("clip", "mask")
+    for norm in ("token", "sequence", "constant")
+    for kl in (0.0, 0.3)
+]
+
+
+@pytest.mark.parametrize(("level", "mode", "norm", "kl_coef"), VARIANTS)
+def test_policy_loss_and_its_gradient_match_a_direct_computation(level, mode, norm, kl_coef) -> None:
+    cfg = LossConfig(ratio_level=level, ratio_mode=mode, ratio_low=LOW, ratio_high=HIGH, norm=norm,
+                     norm_constant=40.0 if norm == "constant" else None, kl_coef=kl_coef)  # fmt: skip
+    ref = REF if kl_coef else None
+
+    def expected(new: list[list[float]]) -> float:
+        return reference_loss(new, OLD, MASK, ADV, level=level, mode=mode, norm=norm, constant=40.0,
+                              ref=ref, kl_coef=kl_coef)  # fmt: skip
+
+    samples = samples_with(OLD, MASK, ADV)
+    batch = next(micro_batches(samples, size=len(samples), pad_id=0))
+    new = torch.tensor(NEW, dtype=torch.float64, requires_grad=True)
+    ref_t = torch.tensor(REF, dtype=torch.float64) if ref else None
+    loss, stats = policy_loss(new, batch, cfg, LossNorm.for_step(cfg, samples), ref_t)
+    assert math.isclose(loss.item(), expected(NEW), rel_tol=1e-6)
+
+    # The gradient w.r.t. every logprob against central differences of the direct computation.
+    loss.backward()
+    h = 1e-6
+    for i in range(len(NEW)):
+        for t in range(len(NEW[i])):
+            up = [row[:] for row in NEW]
+            down = [row[:] for row in NEW]
+            up[i][t] += h
+            down[i][t] -= h
+            numeric = (expected(up) - expected(down)) / (2 * h)
+            assert math.isclose(new.grad[i, t].item(), numeric, rel_tol=1e-5, abs_tol=1e-8), (i, t)
+
+    assert ("kl_to_base" in stats) == bool(kl_coef)
+    if kl_coef:
+        k3 = [math.exp(r - n) - (r - n) - 1 for r, n in on_loss_tokens(REF, NEW)]
+        assert math.isclose(stats["kl_to_base"].item(), sum(k3) / len(k3), rel_tol=1e-6)
+
+
+def test_ratio_stats_are_of_the_ratio_the_loss_uses() -> None:
+    batch = batch_with(OLD, MASK, ADV)
+    new = torch.tensor(NEW)
+    norm = LossNorm("token", 8)
+    _, per_token = policy_loss(new, batch, LossConfig(ratio_level="token"), norm)
+    _, per_sample = policy_loss(new, batch, LossConfig(ratio_level="sequence"), norm)
+    # 8 loss tokens. Per token, e^0.5 = 1.65 and e^-0.7 = 0.50 are out of [0.8, 1.28]; per sample, the
+    # second (2 loss tokens) is.
+    assert math.isclose(per_token["ratio/out_of_range_frac"].item(), 2 / 8, rel_tol=1e-6)
+    assert math.isclose(per_sample["ratio/out_of_range_frac"].item(), 2 / 8, rel_tol=1e-6)
+    token_ratios = [math.exp(n - o) for n, o in on_loss_tokens(NEW, OLD)]
+    assert math.isclose(per_token["ratio/mean"].item(), sum(token_ratios) / 8, rel_tol=1e-6)
+    sample_ratios = [math.exp(0.4 / 3)] * 3 + [math.exp(-0.35)] * 2 + [math.exp(0.1 / 3)] * 3
+    assert math.isclose(per_sample["ratio/mean"].item(), sum(sample_ratios) / 8, rel_tol=1e-6)
+    # The sampler mismatch is per token whatever ratio the loss uses.
+    diffs = [abs(n - o) for n, o in on_loss_tokens(NEW, OLD)]
+    k3 = [math.exp(n - o) - 1 - (n - o) for n, o in on_loss_tokens(NEW, OLD)]
+    for stats in (per_token, per_sample):
+        assert math.isclose(stats["mismatch/logprob_abs_diff"].item(), sum(diffs) / 8, rel_tol=1e-5)
+        assert math.isclose(stats["mismatch/kl"].item(), sum(k3) / 8, rel_tol=1e-5)
+
+
+@pytest.mark.parametrize("norm", ["token", "sequence", "constant"])
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_micro_batch_losses_add_up_to_the_step_loss(norm: str, level: str) -> None:
+    """Gradient accumulation: the step's normalizer is fixed before the micro-batches run."""
+    cfg = LossConfig(ratio_level=level, norm=norm, norm_constant=40.0 if norm == "constant" else None, kl_coef=0.1)
+    samples = samples_with(OLD, MASK, ADV)
+    step_norm = LossNorm.for_step(cfg, samples)
+    new, ref = torch.tensor(NEW), torch.tensor(REF)
+    whole, _ = policy_loss(new, next(micro_batches(samples, size=4, pad_id=0)), cfg, step_norm, ref)
+    parts = [
+        policy_loss(new[i : i + 2], mb, cfg, step_norm, ref[i : i + 2])[0]
+        for i, mb in zip((0, 2), micro_batches(samples, size=2, pad_id=0), strict=True)
+    ]
+    assert math.isclose(sum(p.item() for p in parts), whole.item(), rel_tol=1e-6)
+
+
+def test_loss_norm_denominators() -> None:
+    samples = samples_with(OLD, MASK, ADV)
+    assert LossNorm.for_step(LossConfig(norm="token"), samples) == LossNorm("token", 8)
+    # The sample without loss tokens does not count.
+    assert LossNorm.for_step(LossConfig(norm="sequence"), samples) == LossNorm("sequence", 3)
+    assert LossNorm.for_step(LossConfig(norm="constant", norm_constant=512), samples) == LossNorm("constant", 512)
+    with pytest.raises(ValueError, match="norm_constant"):
+        LossConfig(norm="constant")
 
 
 def test_on_policy_gradient_is_the_reinforce_gradient() -> None:
     """With ratio 1 the loss gradient w.r.t. logprobs is -A / n_tokens on every loss token."""
     old = [[-1.0, -2.0], [-0.5, -0.1]]
-    batch = batch_with(old, [[True, True], [True, False]], [2.0, -1.0])
+    samples = samples_with(old, [[True, True], [True, False]], [2.0, -1.0])
+    batch = next(micro_batches(samples, size=2, pad_id=0))
     new = torch.tensor(old, requires_grad=True)
-    loss, _ = policy_loss(new, batch, LossConfig(), total_loss_tokens=3)
+    loss, _ = policy_loss(new, batch, LossConfig(), LossNorm.for_step(LossConfig(), samples))
     loss.backward()
     assert torch.allclose(new.grad, torch.tensor([[-2 / 3, -2 / 3], [1 / 3, 0.0]]))
 
@@ -61,7 +171,7 @@ class BigramModel(torch.nn.Module):
         torch.manual_seed(0)
         self.table = torch.nn.Parameter(torch.randn(10, 10))
 
-    def forward(self, input_ids, attention_mask):
+    def forward(self, input_ids, attention_mask, use_cache):
         return type("Out", (), {"logits": self.table[input_ids]})
 
 
@@ -72,3 +182,17 @@ def test_token_logprobs_apply_the_temperature_and_align_with_targets() -> None:
     lp = token_logprobs(model, mb)
     expected = [torch.log_softmax(model.table[a] / 0.5, -1)[b].item() for a, b in ((3, 5), (5, 7))]
     assert torch.allclose(lp[0], torch.tensor(expected))
+
+
+def test_entropy_is_of_the_tempered_next_token_distribution() -> None:
+    model = BigramModel()
+    sample = TrainSample(input_ids=[3, 5, 7], loss_mask=[False, True, True], temperature=0.7)
+    mb = next(micro_batches([sample], size=1, pad_id=0))
+    lp, entropy = token_logprobs_and_entropy(model, mb)
+    assert torch.equal(lp, token_logprobs(model, mb))
+    for t, prev in enumerate((3, 5)):
+        logits = [x / 0.7 for x in model.table[prev].tolist()]
+        z = sum(math.exp(x) for x in logits)
+        expected = -sum(math.exp(x) / z * (x - math.log(z)) for x in logits)
+        assert math.isclose(entropy[0, t].item(), expected, rel_tol=1e-5)
+    assert not entropy.requires_grad

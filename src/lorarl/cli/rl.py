@@ -20,6 +20,7 @@ from lorarl.inference.server import worker_urls
 from lorarl.launcher.plan import plan_run
 from lorarl.launcher.supervisor import Supervisor
 from lorarl.monitor.console import StepPrinter
+from lorarl.orchestrator.envs import load_environment
 from lorarl.run_folder import RunFolder
 
 log = logging.getLogger("lorarl.rl")
@@ -33,12 +34,20 @@ def main(argv: list[str] | None = None) -> None:
     cfg = load_or_exit(RLConfig, argv)
     setup_logging("rl")
     run = RunFolder(cfg.run_dir)
-    if not cfg.dry_run:
+    # Mistakes that would otherwise surface only after vLLM has started.
+    for env in cfg.orchestrator.env:
         try:
-            cfg.lora.check_init_adapter()
-        except ValueError as e:
-            print(f"error: {e}", file=sys.stderr)
+            load_environment(env.id, env.args)
+        except (ValueError, TypeError, ImportError, AttributeError) as e:
+            print(f"error: [[orchestrator.env]] {env.id!r} with args {env.args}: {e}", file=sys.stderr)
             raise SystemExit(2) from None
+    try:
+        if not cfg.dry_run:
+            cfg.lora.check_for_rl()
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if not cfg.dry_run:
         clear_previous_outputs(run)
     specs = plan_run(cfg, run, has_gpu=_has_gpu())
     if cfg.dry_run:

@@ -7,10 +7,11 @@ forbids unknown keys, so a typo stops the program before anything starts.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 # vLLM's --max-lora-rank accepts only these values (VLLM_NOTES.md).
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -25,26 +26,73 @@ class LoraConfig(Section):
     alpha: float = 16.0
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
     use_rslora: bool = False
-    # Attention and MLP projections: attention-only LoRA underperforms in RL.
+    # Attention and MLP projections: attention-only LoRA underperforms in RL. As in PEFT: a list of
+    # module names (or dotted suffixes such as "self_attn.q_proj"; names the model lacks are ignored),
+    # a regex string that must match a whole module path, or "all-linear".
     target_modules: list[str] | str = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    # Modules left out of target_modules, in the same list-or-regex form.
+    exclude_modules: list[str] | str = []
+    # Modules trained in full and saved with the adapter (e.g. "lm_head"): `sft` only, since vLLM
+    # serves LoRA weights alone (see check_for_rl).
+    modules_to_save: list[str] = []
     # Start from an existing PEFT adapter (e.g. the output of `sft`).
     init_adapter: Path | None = None
+
+    @field_validator("target_modules", "exclude_modules", mode="after")
+    @classmethod
+    def _names_or_regex(cls, value: list[str] | str) -> list[str] | str:
+        # The command line hands every value of a list-or-string key over as a list, so a one-item list
+        # that cannot be a module name is the regex (or "all-linear") the user wrote.
+        if isinstance(value, list) and len(value) == 1 and not cls._is_module_name(value[0]):
+            value = value[0]
+        if isinstance(value, str):
+            try:
+                re.compile(value)
+            except re.error as e:
+                raise ValueError(f"{value!r} is not a valid regular expression: {e}") from None
+            return value
+        if bad := [v for v in value if not cls._is_module_name(v)]:
+            # PEFT compares list items with module names literally, so these could never match.
+            raise ValueError(f"list items are module names such as 'q_proj', not patterns: {bad}; "
+                             "give a single string for a regular expression")  # fmt: skip
+        return value
+
+    @staticmethod
+    def _is_module_name(name: str) -> bool:
+        """A module name or dotted path ("q_proj", "self_attn.q_proj"), not a regular expression."""
+        return all(part and all(c.isalnum() or c == "_" for c in part) for part in name.split("."))
+
+    def check_for_rl(self) -> None:
+        """What `rl` needs beyond `check_init_adapter`: vLLM loads LoRA weights only, so an adapter
+        with fully trained modules (modules_to_save) could never be sampled from."""
+        self.check_init_adapter()
+        saved = self._saved_config().get("modules_to_save") if self.init_adapter is not None else None
+        for where, modules in (("[model.lora] modules_to_save", self.modules_to_save),
+                               (f"model.lora.init_adapter {self.init_adapter}", saved)):  # fmt: skip
+            if modules:
+                raise ValueError(
+                    f"{where} trains {modules} in full, but rl serves every adapter through vLLM, which "
+                    "loads LoRA weights only: use modules_to_save with sft, and target_modules for rl"
+                )
 
     def check_init_adapter(self) -> None:
         """An init adapter must match this section: vLLM is started for this rank, and the trainer
         would otherwise silently train another layout than the config says."""
         if self.init_adapter is None:
             return
-        path = Path(self.init_adapter) / "adapter_config.json"
-        if not path.is_file():
-            raise ValueError(f"model.lora.init_adapter: {path} not found (expected a PEFT adapter folder)")
-        saved = json.loads(path.read_text())
+        saved = self._saved_config()
         for key, want in (("r", self.rank), ("lora_alpha", self.alpha), ("use_rslora", self.use_rslora)):
             if saved.get(key) != want:
                 raise ValueError(
                     f"model.lora.init_adapter {self.init_adapter} has {key}={saved.get(key)}, "
                     f"but [model.lora] says {want}: make them agree"
                 )
+
+    def _saved_config(self) -> dict[str, Any]:
+        path = Path(str(self.init_adapter)) / "adapter_config.json"
+        if not path.is_file():
+            raise ValueError(f"model.lora.init_adapter: {path} not found (expected a PEFT adapter folder)")
+        return dict(json.loads(path.read_text()))
 
 
 class ModelConfig(Section):
@@ -68,11 +116,31 @@ class SchedulerConfig(Section):
 
 
 class LossConfig(Section):
-    # Token-level importance ratio pi_trainer / pi_vllm. Tokens whose ratio leaves
-    # [1 - ratio_low, 1 + ratio_high] are PPO-clipped ("clip") or dropped from the loss ("mask").
+    # Importance ratio pi_trainer / pi_vllm of each token ("token"), or of each sample ("sequence":
+    # exp of the mean token log-ratio over its loss tokens, as GSPO). Tokens or samples whose ratio
+    # leaves [1 - ratio_low, 1 + ratio_high] are PPO-clipped ("clip") or dropped from the loss ("mask").
+    ratio_level: Literal["token", "sequence"] = "token"
     ratio_mode: Literal["clip", "mask"] = "clip"
     ratio_low: float = Field(0.2, ge=0)
     ratio_high: float = Field(0.28, ge=0)
+    # Sum over loss tokens divided by: the step's loss tokens ("token"); each sample's loss tokens,
+    # then the step's samples ("sequence", GRPO); or norm_constant ("constant", Dr. GRPO: e.g.
+    # batch_size * max_tokens).
+    norm: Literal["token", "sequence", "constant"] = "token"
+    norm_constant: float | None = Field(None, gt=0)
+    # Weight of the per-token KL penalty (k3 estimator) to the base model, i.e. the adapter disabled.
+    kl_coef: float = Field(0.0, ge=0)
+
+    @model_validator(mode="after")
+    def _constant_norm_has_its_constant(self) -> LossConfig:
+        if self.norm == "constant" and self.norm_constant is None:
+            raise ValueError('norm = "constant" needs norm_constant (e.g. batch_size * max_tokens)')
+        return self
+
+
+class ParallelConfig(Section):
+    # Data-parallel ranks (torchrun; gloo on CPU, NCCL on GPU), each on its share of every batch.
+    dp: int = Field(1, ge=1)
 
 
 class TrainerConfig(Section):
@@ -82,9 +150,13 @@ class TrainerConfig(Section):
     micro_batch_size: int = Field(16, ge=1, description="samples per forward/backward pass")
     # Seconds to wait for a rollout batch before giving up (the orchestrator may have died).
     batch_timeout: float = Field(1800.0, gt=0)
+    # Recompute each layer's activations in the backward pass: far less activation memory, for one
+    # more forward pass per micro-batch.
+    gradient_checkpointing: bool = False
     # Torch CPU threads. Unset: torch's default, except that `rl` starting vLLM workers on a machine
     # without a GPU leaves one core per worker to vLLM (sharing a core with its worker is ~4x slower).
     num_threads: int | None = Field(None, ge=1)
+    parallel: ParallelConfig = ParallelConfig()
 
 
 class SamplingConfig(Section):
@@ -104,6 +176,13 @@ class EnvConfig(Section):
     args: dict[str, Any] = {}
 
 
+class EvalConfig(Section):
+    interval: int = Field(10, ge=1, description="evaluate policy versions 0, interval, 2*interval, ... and the last")
+    num_examples: int = Field(16, ge=1, description="held-out examples per environment")
+    rollouts_per_example: int = Field(4, ge=1, description="k of avg@k and pass@k")
+    seed: int = Field(10_000, description="draws the held-out examples (keep it apart from the training seed)")
+
+
 class OrchestratorConfig(Section):
     batch_size: int = Field(64, ge=1, description="rollouts per trainer step")
     rollouts_per_example: int = Field(8, ge=1)
@@ -116,6 +195,9 @@ class OrchestratorConfig(Section):
     # Seconds to wait for the trainer's next adapter before giving up (the trainer may have died).
     policy_timeout: float = Field(1800.0, gt=0)
     num_samples_to_log: int = Field(4, ge=0, description="decoded rollouts per step in samples/")
+    eval: EvalConfig | None = None
+    # Delete broadcasts/step_N once no worker serves version N any more (the final one stays).
+    delete_old_broadcasts: bool = True
 
     @model_validator(mode="after")
     def _groups_fill_batch(self) -> OrchestratorConfig:
@@ -134,7 +216,7 @@ class InferenceConfig(Section):
     # Use vLLM servers that are already running instead of starting them.
     urls: list[str] = []
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
-    kv_cache_gib: float = Field(1.0, gt=0, description="VLLM_CPU_KVCACHE_SPACE on machines without a GPU")
+    kv_cache_gib: int = Field(1, ge=1, description="VLLM_CPU_KVCACHE_SPACE (whole GiB) on machines without a GPU")
     startup_timeout: float = Field(600.0, gt=0)
     extra_args: list[str] = []
 
@@ -178,6 +260,21 @@ class RLConfig(SharedConfig):
             self.model.lora = LoraConfig()
         return self
 
+    @model_validator(mode="after")
+    def _adapter_slots_fit(self) -> RLConfig:
+        # Every version rollouts may still use (max_async_level + 1), plus the next one, loaded
+        # before the oldest is unloaded, must fit in vLLM's adapter slots.
+        args = self.inference.extra_args
+        if "--max-loras" in args[:-1]:
+            given = int(args[args.index("--max-loras") + 1])
+            if given < self.orchestrator.max_async_level + 2:
+                raise ValueError(
+                    f"inference.extra_args sets --max-loras {given}, but max_async_level "
+                    f"{self.orchestrator.max_async_level} can keep {self.orchestrator.max_async_level + 2} "
+                    "adapter versions loaded: raise --max-loras or leave it out (rl derives it)"
+                )
+        return self
+
     @property
     def lora(self) -> LoraConfig:
         assert self.model.lora is not None  # set by the validator
@@ -185,8 +282,43 @@ class RLConfig(SharedConfig):
 
 
 class SFTDataConfig(Section):
-    path: Path = Field(description="JSONL file, one chat per line: {'messages': [{'role', 'content'}, ...]}")
+    path: Path = Field(
+        description="JSONL or Parquet file, or a `datasets` folder; records {'messages': [{'role', 'content'}, ...]} "
+        "or {'prompt', 'completion'} (strings or message lists)"
+    )
+    split: str = Field("train", description="the split to use from a `datasets` folder that has several")
     shuffle: bool = True
+    loss_on: Literal["assistant", "all", "last_turn"] = Field(
+        "assistant", description="tokens that carry loss: every assistant turn, every token, or the last assistant turn"
+    )
+    truncation: Literal["truncate", "skip"] = Field(
+        "truncate", description="an example longer than seq_len is cut to seq_len, or left out (counted and logged)"
+    )
+    # Held-out eval data: a random fraction of `path` (drawn with the run's seed) or a file of its own.
+    eval_fraction: float = Field(0.0, ge=0.0, lt=1.0)
+    eval_path: Path | None = None
+
+    @model_validator(mode="after")
+    def _one_eval_source(self) -> SFTDataConfig:
+        if self.eval_fraction > 0 and self.eval_path is not None:
+            raise ValueError("set data.eval_fraction or data.eval_path, not both")
+        return self
+
+
+class SFTEvalConfig(Section):
+    interval: int = Field(100, ge=1, description="eval loss every N steps and after the last (with eval data)")
+
+
+class CheckpointConfig(Section):
+    interval: int | None = Field(
+        None, ge=1, description="write checkpoints/step_N/trainer/ every N steps; unset: never"
+    )
+    keep_last: int | None = Field(None, ge=1, description="delete all but the newest N checkpoints; unset: keep all")
+
+
+class ResumeConfig(Section):
+    # `--resume` alone gives ResumeConfig() (the latest checkpoint); `--resume.step N` picks step N.
+    step: int | None = Field(None, ge=1, description="the checkpoint to resume from; unset: the latest")
 
 
 class SFTConfig(SharedConfig):
@@ -195,5 +327,11 @@ class SFTConfig(SharedConfig):
     optim: OptimConfig = OptimConfig(lr=1e-3)
     scheduler: SchedulerConfig = SchedulerConfig()
     batch_size: int = Field(32, ge=1, description="samples per optimizer step")
-    micro_batch_size: int = Field(32, ge=1)
+    micro_batch_size: int = Field(
+        32, ge=1, description="per forward/backward: samples, or with packing rows of up to seq_len tokens"
+    )
+    packing: bool = Field(True, description="pack samples into rows of seq_len tokens, without cross-sample attention")
     log_interval: int = Field(10, ge=1)
+    eval: SFTEvalConfig = SFTEvalConfig()
+    ckpt: CheckpointConfig = CheckpointConfig()
+    resume: ResumeConfig | None = Field(None, description="continue from a checkpoint in this run folder")

@@ -17,7 +17,7 @@ def vllm_max_lora_rank(rank: int) -> int:
 
 def vllm_max_loras(max_async_level: int) -> int:
     """Adapter slots per worker: every version rollouts may still use (max_async_level + 1),
-    plus the next one, loaded before the oldest is unloaded."""
+    plus the next one, loaded before the oldest is unloaded (RLConfig checks a user's value)."""
     return max_async_level + 2
 
 
@@ -38,7 +38,8 @@ def vllm_command(cfg: RLConfig, worker: int = 0) -> list[str]:
         "--seed", str(cfg.seed),
         "--enable-lora",
         "--max-lora-rank", str(vllm_max_lora_rank(cfg.lora.rank)),
-        "--max-loras", str(vllm_max_loras(cfg.orchestrator.max_async_level)),
+        *([] if "--max-loras" in inf.extra_args else
+          ["--max-loras", str(vllm_max_loras(cfg.orchestrator.max_async_level))]),
         # Logprobs of the distribution actually sampled from (temperature applied), which is what
         # the trainer computes; vLLM's default is the raw model distribution.
         "--logprobs-mode", "processed_logprobs",
@@ -53,5 +54,5 @@ def vllm_env(cfg: RLConfig, worker: int = 0, has_gpu: bool = False) -> dict[str,
         if cfg.inference.num_workers > 1:
             env["CUDA_VISIBLE_DEVICES"] = str(worker)
     else:
-        env["VLLM_CPU_KVCACHE_SPACE"] = f"{cfg.inference.kv_cache_gib:g}"
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.inference.kv_cache_gib)
     return env

@@ -38,7 +38,8 @@ def plan_run(cfg: RLConfig, run: RunFolder, has_gpu: bool) -> list[ProcessSpec]:
     starts_cpu_workers = not has_gpu and not cfg.inference.urls
     if starts_cpu_workers and cfg.trainer.num_threads is None:
         cfg = cfg.model_copy(deep=True)
-        cfg.trainer.num_threads = max(1, (os.cpu_count() or 1) - cfg.inference.num_workers)
+        free_cores = (os.cpu_count() or 1) - cfg.inference.num_workers
+        cfg.trainer.num_threads = max(1, free_cores // cfg.trainer.parallel.dp)
     for role, sections in _SECTIONS.items():
         (run.configs / f"{role}.json").write_text(
             json.dumps(cfg.model_dump(mode="json", include=sections), indent=2) + "\n"
@@ -50,8 +51,15 @@ def plan_run(cfg: RLConfig, run: RunFolder, has_gpu: bool) -> list[ProcessSpec]:
             for i in range(cfg.inference.num_workers)
         ]
     specs += [
-        ProcessSpec(role, [sys.executable, "-m", f"lorarl.cli.{role}", "@", str(run.configs / f"{role}.json")])
+        ProcessSpec(role, [*_launcher(cfg, role), "-m", f"lorarl.cli.{role}", "@", str(run.configs / f"{role}.json")])
         for role in ("orchestrator", "trainer")
     ]
     (run.configs / "commands.txt").write_text("".join(f"# {s.name}\n{s.shell()}\n" for s in specs))
     return specs
+
+
+def _launcher(cfg: RLConfig, role: str) -> list[str]:
+    dp = cfg.trainer.parallel.dp
+    if role == "trainer" and dp > 1:
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={dp}"]
+    return [sys.executable]

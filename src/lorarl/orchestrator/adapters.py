@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import shutil
 from collections import Counter
 
 from lorarl.inference.client import WorkerPool
@@ -20,8 +21,10 @@ class AdapterWatcher:
     version is unloaded once no work holds it.
     """
 
-    def __init__(self, pool: WorkerPool, run: RunFolder, run_name: str) -> None:
+    def __init__(self, pool: WorkerPool, run: RunFolder, run_name: str, delete_unloaded: bool = False) -> None:
         self.pool, self.run, self.run_name = pool, run, run_name
+        # Disk hygiene: an adapter folder nothing will load again goes (checkpoints keep their own).
+        self.delete_unloaded = delete_unloaded
         self.version: int | None = None
         self._loaded: set[int] = set()
         self._in_use: Counter[int] = Counter()
@@ -57,3 +60,5 @@ class AdapterWatcher:
                 self._loaded.discard(version)
                 del self._in_use[version]
                 await self.pool.unload_adapter(self.adapter_name(version))
+                if self.delete_unloaded:
+                    shutil.rmtree(self.run.broadcast(version), ignore_errors=True)

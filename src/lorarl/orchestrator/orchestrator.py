@@ -31,6 +31,7 @@ from lorarl.orchestrator.advantages import group_advantages
 from lorarl.orchestrator.envs import load_environment
 from lorarl.orchestrator.envs.base import Environment, Example
 from lorarl.orchestrator.episodes import EpisodeRunner, PlayedEpisode
+from lorarl.orchestrator.evals import Evaluator
 from lorarl.rollouts import Rollout, RolloutBatch
 from lorarl.run_folder import RunFolder
 
@@ -62,16 +63,34 @@ async def orchestrate(cfg: RLConfig) -> None:
     runner = EpisodeRunner(pool, tokenizer, ocfg.sampling, cfg.seq_len)
     log.info("waiting for %d inference worker(s): %s", len(pool.workers), [w.base_url for w in pool.workers])
     await pool.wait_healthy(cfg.inference.startup_timeout)
-    watcher = AdapterWatcher(pool, run, cfg.run_name)
+    watcher = AdapterWatcher(pool, run, cfg.run_name, delete_unloaded=ocfg.delete_old_broadcasts)
 
-    async def play_group(env: Environment, example: Example) -> Group:
+    async def play_group(env: Environment, example: Example, n: int) -> Group:
         version, adapter = watcher.acquire()
         try:
-            episodes = await runner.play(adapter, env, example, ocfg.rollouts_per_example)
+            episodes = await runner.play(adapter, env, example, n)
         finally:
             await watcher.release(version)
         scores = list(await asyncio.gather(*(env.score(e.episode) for e in episodes)))
         return Group(env, version, episodes, scores)
+
+    evaluator = Evaluator(ocfg.eval, envs, cfg.max_steps) if ocfg.eval else None
+    eval_metrics = MetricsLogger(run.metrics, "eval", cfg.monitor, cfg.run_name) if ocfg.eval else None
+    eval_tasks: set[asyncio.Task[None]] = set()
+
+    async def evaluate(version: int) -> None:
+        assert evaluator is not None and eval_metrics is not None
+
+        async def rewards(env: Environment, example: Example, n: int) -> list[float]:
+            return [score["reward"] for score in (await play_group(env, example, n)).scores]
+
+        results = await evaluator.run(version, rewards)
+        eval_metrics.log(version, results)
+        log.info("eval of policy %d: %s", version, ", ".join(f"{k} {v:.3f}" for k, v in results.items()))
+
+    def start_due_eval() -> None:
+        if evaluator is not None and watcher.version is not None and evaluator.due(watcher.version):
+            eval_tasks.add(asyncio.create_task(evaluate(watcher.version)))
 
     in_flight: dict[asyncio.Task[Group], int] = {}  # task -> the step it is for
     finished: dict[int, list[Group]] = defaultdict(list)
@@ -83,12 +102,14 @@ async def orchestrate(cfg: RLConfig) -> None:
     try:
         while step <= cfg.max_steps:
             await watcher.refresh()
+            start_due_eval()
             # Launch every group whose step may use the newest policy (version >= step-1-max_async_level).
             while (target := launched // groups_per_step + 1) <= cfg.max_steps and (
                 watcher.version is not None and watcher.version >= target - 1 - ocfg.max_async_level
             ):
                 i = rng.choices(range(len(envs)), weights)[0]
-                in_flight[asyncio.create_task(play_group(envs[i], next(streams[i])))] = target
+                group = play_group(envs[i], next(streams[i]), ocfg.rollouts_per_example)
+                in_flight[asyncio.create_task(group)] = target
                 launched += 1
 
             if len(finished[step]) == groups_per_step:
@@ -129,11 +150,15 @@ async def orchestrate(cfg: RLConfig) -> None:
                 raise no_new_policy(run, ocfg.policy_timeout)
             await asyncio.sleep(0.05)
             await watcher.refresh()
+        start_due_eval()
+        await asyncio.gather(*eval_tasks)
     finally:
-        for task in in_flight:
+        for task in [*in_flight, *eval_tasks]:
             task.cancel()
         await pool.close()
         metrics.close()
+        if eval_metrics is not None:
+            eval_metrics.close()
 
 
 def no_new_policy(run: RunFolder, timeout: float) -> TimeoutError:

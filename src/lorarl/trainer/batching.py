@@ -30,6 +30,12 @@ class MicroBatch:
     advantages: torch.Tensor  # [B]
     temperature: float
 
+    def to(self, device: torch.device) -> MicroBatch:
+        return MicroBatch(
+            self.input_ids.to(device), self.attention_mask.to(device), self.loss_mask.to(device),
+            self.old_logprobs.to(device), self.advantages.to(device), self.temperature,
+        )  # fmt: skip
+
 
 def micro_batches(samples: Sequence[TrainSample], size: int, pad_id: int) -> Iterator[MicroBatch]:
     """Right-padded micro-batches of at most `size` samples, grouped by temperature (a micro-batch

@@ -1,12 +1,14 @@
-"""Tokenize chat conversations with a mask of the tokens the assistant wrote."""
+"""Tokenize chat conversations with a mask of the tokens that carry loss."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from transformers import PreTrainedTokenizerBase
 
 Message = dict[str, Any]
+# Which tokens carry loss: every assistant turn, every token, or only the last assistant turn.
+LossOn = Literal["assistant", "all", "last_turn"]
 
 
 def encode_chat(tokenizer: PreTrainedTokenizerBase, messages: list[Message], add_generation_prompt: bool) -> list[int]:
@@ -17,26 +19,28 @@ def encode_chat(tokenizer: PreTrainedTokenizerBase, messages: list[Message], add
 
 
 def tokenize_with_assistant_mask(
-    tokenizer: PreTrainedTokenizerBase, messages: list[Message]
+    tokenizer: PreTrainedTokenizerBase, messages: list[Message], loss_on: LossOn = "assistant"
 ) -> tuple[list[int], list[bool]]:
-    """Token ids of the whole conversation, and True for the tokens of each assistant turn.
+    """Token ids of the whole conversation, and True for the tokens that carry loss (`loss_on`).
 
-    Each assistant turn is found as the difference between the conversation rendered up to it
-    (with the generation prompt) and rendered through it, which works for any chat template whose
+    Each trained assistant turn is found as the difference between the conversation rendered up to
+    it (with the generation prompt) and rendered through it, which works for any chat template whose
     renderings extend each other; one that does not is an error rather than a silently wrong mask.
     """
+    whole = encode_chat(tokenizer, messages, add_generation_prompt=False)
+    if loss_on == "all":
+        return whole, [True] * len(whole)
+    assistant_turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    trained = assistant_turns[-1:] if loss_on == "last_turn" else assistant_turns
     ids: list[int] = []
     mask: list[bool] = []
-    for i, message in enumerate(messages):
-        if message["role"] != "assistant":
-            continue
+    for i in trained:
         prefix = encode_chat(tokenizer, messages[:i], add_generation_prompt=True)
         full = encode_chat(tokenizer, messages[: i + 1], add_generation_prompt=False)
         if full[: len(prefix)] != prefix or prefix[: len(ids)] != ids:
             raise ValueError("the chat template re-renders earlier turns; cannot mask assistant tokens")
         mask += [False] * (len(prefix) - len(ids)) + [True] * (len(full) - len(prefix))
         ids = full
-    whole = encode_chat(tokenizer, messages, add_generation_prompt=False)
     if whole[: len(ids)] != ids:
         raise ValueError("the chat template re-renders earlier turns; cannot mask assistant tokens")
     mask += [False] * (len(whole) - len(ids))

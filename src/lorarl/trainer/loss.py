@@ -2,49 +2,148 @@
 
 Logits are divided by the sampling temperature before the softmax, exactly as vLLM does for
 `processed_logprobs`, so trainer and sampler logprobs of the same policy agree to float precision.
+
+The loss of one step, over its samples i and their loss tokens t (`[trainer.loss]`):
+
+    L = sum_i w_i sum_t ( -f(r_it, A_i) + kl_coef * k3_it )
+
+* r_it: the importance ratio pi_trainer / pi_sampler of token t ("token"), or of sample i for all its
+  tokens ("sequence": exp of the mean token log-ratio, the geometric mean of GSPO).
+* f: PPO's min(r A, clip(r, 1 - low, 1 + high) A) ("clip"), or r A where r is in that range and 0
+  elsewhere ("mask").
+* k3: exp(d) - d - 1 with d = log pi_base - log pi_trainer, the non-negative k3 estimator of
+  KL(pi_trainer || pi_base) used by GRPO; pi_base is the model with its adapter disabled.
+* w_i: 1 / loss tokens of the step ("token"); 1 / (loss tokens of sample i * samples of the step)
+  ("sequence", GRPO); 1 / norm_constant ("constant", Dr. GRPO).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import peft
 import torch
 
 from lorarl.config.models import LossConfig
-from lorarl.trainer.batching import MicroBatch
+from lorarl.trainer.batching import MicroBatch, TrainSample
 
 
 def token_logprobs(model: torch.nn.Module, batch: MicroBatch) -> torch.Tensor:
     """log p(input_ids[:, t+1] | input_ids[:, :t+1]) at the batch's temperature: [B, T-1]."""
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1]
-    logprobs = torch.log_softmax(logits.float() / batch.temperature, dim=-1)
+    return _gather_targets(_tempered_logprobs(model, batch), batch)
+
+
+def token_logprobs_and_entropy(model: torch.nn.Module, batch: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """`token_logprobs`, and the entropy of each next-token distribution at the batch's temperature
+    (the distribution the sampler drew from), without gradient: [B, T-1] each."""
+    logprobs = _tempered_logprobs(model, batch)
+    with torch.no_grad():
+        entropy = -(logprobs.exp() * logprobs).sum(-1)
+    return _gather_targets(logprobs, batch), entropy
+
+
+def _tempered_logprobs(model: torch.nn.Module, batch: MicroBatch) -> torch.Tensor:
+    # No KV cache: nothing is generated, and gradient checkpointing would switch it off with a warning.
+    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
+    logits = out.logits[:, :-1]
+    return torch.log_softmax(logits.float() / batch.temperature, dim=-1)
+
+
+def _gather_targets(logprobs: torch.Tensor, batch: MicroBatch) -> torch.Tensor:
     return logprobs.gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1)
 
 
-def policy_loss(
-    logprobs: torch.Tensor, batch: MicroBatch, cfg: LossConfig, total_loss_tokens: int
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Policy gradient with a token-level importance ratio pi_trainer / pi_sampler.
+@dataclass(frozen=True)
+class LossNorm:
+    """The step-level denominator of `[trainer.loss] norm`. It is fixed from all of the step's samples
+    before the first micro-batch, so that the micro-batch losses add up to the step's loss."""
 
-    Normalized by the number of loss tokens in the whole step (`total_loss_tokens`), so summing
-    the micro-batch losses gives the per-token mean over the batch.
-    """
+    mode: Literal["token", "sequence", "constant"]
+    # Loss tokens of the step ("token"), samples of the step with a loss token ("sequence"), or
+    # norm_constant ("constant").
+    denominator: float
+
+    @classmethod
+    def for_step(cls, cfg: LossConfig, samples: Sequence[TrainSample]) -> LossNorm:
+        # loss_mask[0] never carries loss: the first token is no model prediction (see MicroBatch).
+        counts = [sum(s.loss_mask[1:]) for s in samples]
+        if cfg.norm == "constant":
+            assert cfg.norm_constant is not None  # LossConfig's validator requires it
+            return cls("constant", cfg.norm_constant)
+        if cfg.norm == "sequence":
+            return cls("sequence", max(1, sum(c > 0 for c in counts)))
+        return cls("token", max(1, sum(counts)))
+
+    def sample_weights(self, loss_mask: torch.Tensor) -> torch.Tensor:
+        """w_i of each sample of a micro-batch, from its loss mask [B, T-1]: [B]."""
+        n = loss_mask.sum(-1).float()
+        if self.mode == "sequence":
+            # A sample's tokens are averaged first: every sample weighs the same, whatever its length.
+            return 1.0 / (n.clamp(min=1) * self.denominator)
+        return torch.full_like(n, 1.0 / self.denominator)
+
+
+def policy_loss(
+    logprobs: torch.Tensor,
+    batch: MicroBatch,
+    cfg: LossConfig,
+    norm: LossNorm,
+    ref_logprobs: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """This micro-batch's share of the step loss (module docstring), and its stats as means over its
+    loss tokens. With `ref_logprobs` (the base model's, [B, T-1]) the KL penalty is added."""
     mask = batch.loss_mask.float()
+    # Zero off the loss tokens, where old_logprobs holds placeholders, so that exp() stays finite there.
+    token_log_ratio = (logprobs - batch.old_logprobs) * mask
+    if cfg.ratio_level == "sequence":
+        mean_log_ratio = token_log_ratio.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)
+        ratio = torch.exp(mean_log_ratio).expand_as(token_log_ratio)
+    else:
+        ratio = torch.exp(token_log_ratio)
     adv = batch.advantages[:, None]
-    log_ratio = logprobs - batch.old_logprobs
-    ratio = torch.exp(log_ratio)
     low, high = 1.0 - cfg.ratio_low, 1.0 + cfg.ratio_high
     out_of_range = ((ratio < low) | (ratio > high)).float()
     if cfg.ratio_mode == "clip":
         per_token = -torch.minimum(ratio * adv, ratio.clamp(low, high) * adv)
-    else:  # "mask": tokens whose ratio left the trust region carry no gradient
+    else:  # "mask": tokens (or samples) whose ratio left the trust region carry no gradient
         per_token = -ratio * adv * (1.0 - out_of_range)
-    loss = (per_token * mask).sum() / total_loss_tokens
+    if ref_logprobs is not None:
+        d = (ref_logprobs - logprobs) * mask
+        kl = torch.exp(d) - d - 1
+        per_token = per_token + cfg.kl_coef * kl
+    weights = norm.sample_weights(batch.loss_mask)[:, None]
+    loss = (per_token * mask * weights).sum()
+
     with torch.no_grad():
         n = mask.sum().clamp(min=1)
+        token_ratio = torch.exp(token_log_ratio)
         stats = {
-            "mismatch/logprob_abs_diff": (log_ratio.abs() * mask).sum() / n,
+            "mismatch/logprob_abs_diff": token_log_ratio.abs().sum() / n,
             # k3 estimator of KL(sampler || trainer), non-negative per token.
-            "mismatch/kl": ((ratio - 1 - log_ratio) * mask).sum() / n,
+            "mismatch/kl": ((token_ratio - 1 - token_log_ratio) * mask).sum() / n,
+            # Of the ratio the loss uses: per token, or its sample's for every token of the sample.
             "ratio/out_of_range_frac": (out_of_range * mask).sum() / n,
             "ratio/mean": (ratio * mask).sum() / n,
         }
+        if ref_logprobs is not None:
+            stats["kl_to_base"] = (kl * mask).sum() / n
+    return loss, stats
+
+
+def micro_batch_loss(
+    model: peft.PeftModel, batch: MicroBatch, cfg: LossConfig, norm: LossNorm
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Forward one micro-batch and return `policy_loss` with the policy's mean entropy added to the
+    stats. With kl_coef > 0 the base model scores the batch first, only then: it costs a forward pass."""
+    ref_logprobs = None
+    if cfg.kl_coef > 0:
+        # The base model is the same weights with the adapter switched off: no second copy in memory.
+        with torch.no_grad(), model.disable_adapter():
+            ref_logprobs = token_logprobs(model, batch)
+    logprobs, entropy = token_logprobs_and_entropy(model, batch)
+    loss, stats = policy_loss(logprobs, batch, cfg, norm, ref_logprobs)
+    mask = batch.loss_mask.float()
+    stats["entropy"] = (entropy * mask).sum() / mask.sum().clamp(min=1)
     return loss, stats

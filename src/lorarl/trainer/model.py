@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import resource
+import sys
+
 import peft
 import torch
+from peft.utils.error import NoMatchingPeftModuleError
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from lorarl.config.models import LoraConfig, ModelConfig
@@ -23,17 +27,64 @@ def peft_lora_config(cfg: LoraConfig) -> peft.LoraConfig:
         lora_dropout=cfg.dropout,
         use_rslora=cfg.use_rslora,
         target_modules=cfg.target_modules,
+        # PEFT's "not set" is None; an empty list would be saved into adapter_config.json as-is.
+        exclude_modules=cfg.exclude_modules or None,
+        modules_to_save=cfg.modules_to_save or None,
         task_type="CAUSAL_LM",
     )
 
 
 def apply_lora(model: PreTrainedModel, cfg: LoraConfig) -> peft.PeftModel:
     """Wrap `model` with a trainable LoRA adapter: fresh (B = 0, so it starts as the base model)
-    or loaded from `cfg.init_adapter`. Only adapter weights require grad."""
+    or loaded from `cfg.init_adapter`. Only adapter weights (and `modules_to_save`) require grad."""
     if cfg.init_adapter is not None:
         cfg.check_init_adapter()
         return peft.PeftModel.from_pretrained(model, str(cfg.init_adapter), is_trainable=True)
-    return peft.get_peft_model(model, peft_lora_config(cfg))
+    linear_names = sorted({n.rpartition(".")[2] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
+    try:
+        return peft.get_peft_model(model, peft_lora_config(cfg))
+    except NoMatchingPeftModuleError as e:
+        excluded = f" (exclude_modules = {cfg.exclude_modules!r})" if cfg.exclude_modules else ""
+        raise ValueError(
+            f"[model.lora] target_modules = {cfg.target_modules!r}{excluded} adapts no module of the model. "
+            "List items are module names (names the model lacks are ignored, but one must exist); a string is "
+            "a regular expression matched against whole module paths such as 'model.layers.0.self_attn.q_proj' "
+            f"(e.g. '.*\\.q_proj'), or 'all-linear'. Linear modules of this model: {', '.join(linear_names)}. "
+            f"PEFT said: {e}"
+        ) from None
+    except ValueError as e:
+        # e.g. on an MoE model, gate_proj without up_proj (PEFT fuses them into gate_up_proj).
+        raise ValueError(f"[model.lora] target_modules = {cfg.target_modules!r}: {e}") from None
+
+
+def check_vllm_can_serve(model: peft.PeftModel) -> None:
+    """Refuse an adapter that vLLM would not load when the orchestrator hands it over.
+
+    On MoE models whose experts transformers 5 stores as fused 3D parameters (Qwen3-MoE and the
+    other models PEFT converts from their transformers 4 layout), PEFT turns the expert projections
+    named in target_modules into `target_parameters`: one fused LoRA per expert tensor. vLLM 0.32
+    serves Qwen3-MoE expert LoRA in its per-expert layout; the fused one needs vLLM's
+    --enable-mixed-moe-lora-format plus is_3d_lora_weight on every load request, which the
+    orchestrator does not send, and PEFT gives the fused gate_up_proj rank 2r, which can exceed the
+    --max-lora-rank `rl` starts vLLM with. Failing here, before step 0, names the setting to change.
+    """
+    for name, cfg in model.peft_config.items():
+        if fused := getattr(cfg, "target_parameters", None):  # a LoRA-only setting
+            raise ValueError(
+                f"adapter {name!r} puts LoRA on the model's fused expert parameters {sorted(fused)} "
+                "(PEFT maps [model.lora] target_modules to them on MoE models), which rl cannot serve through "
+                "vLLM: leave the expert projections out, e.g. target_modules = "
+                '["q_proj", "k_proj", "v_proj", "o_proj"]'
+            )
+
+
+def enable_gradient_checkpointing(model: peft.PeftModel) -> None:
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them.
+
+    Non-reentrant checkpointing gives gradients to the LoRA weights inside a layer even though the
+    layer's input comes from frozen weights; transformers also makes the embeddings' output require
+    grad, which the reentrant variant would need."""
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def parameter_summary(model: torch.nn.Module) -> dict[str, float]:
@@ -43,3 +94,13 @@ def parameter_summary(model: torch.nn.Module) -> dict[str, float]:
         "params/total": sum(p.numel() for p in model.parameters()),
         "params/trainable_bytes": sum(p.numel() * p.element_size() for p in trainable),
     }
+
+
+def peak_memory_gib(device: torch.device) -> float:
+    """On a GPU: the most memory torch allocated since the last `torch.cuda.reset_peak_memory_stats`.
+    On the CPU: the process's peak resident set size so far (it cannot be reset)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    # ru_maxrss is in KiB on Linux, in bytes on macOS.
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss * (1 if sys.platform == "darwin" else 1024) / 2**30

@@ -13,27 +13,45 @@ from pathlib import Path
 
 import torch
 
-from lorarl.config.models import RLConfig
+from lorarl.config.models import MonitorConfig, RLConfig
 from lorarl.monitor.metrics import MetricsLogger
 from lorarl.rollouts import RolloutBatch
 from lorarl.run_folder import RunFolder
 from lorarl.trainer.batching import TrainSample, micro_batches
 from lorarl.trainer.broadcast import write_adapter
-from lorarl.trainer.loss import policy_loss, token_logprobs
-from lorarl.trainer.model import apply_lora, load_model, parameter_summary
+from lorarl.trainer.distributed import init_data_parallel
+from lorarl.trainer.loss import LossNorm, micro_batch_loss
+from lorarl.trainer.model import (
+    apply_lora,
+    check_vllm_can_serve,
+    enable_gradient_checkpointing,
+    load_model,
+    parameter_summary,
+    peak_memory_gib,
+)
 from lorarl.trainer.optim import build_optimizer, build_scheduler
 
 log = logging.getLogger("lorarl.trainer")
 
 
 def train(cfg: RLConfig) -> None:
+    dp = init_data_parallel()
     run = RunFolder(cfg.run_dir).create()
-    metrics = MetricsLogger(run.metrics, "trainer", cfg.monitor, cfg.run_name)
+    # Rank 0 alone logs, broadcasts and checkpoints: every rank holds the same adapter.
+    monitor = cfg.monitor if dp.is_main else MonitorConfig(jsonl=False, console=False)
+    metrics = MetricsLogger(run.metrics, "trainer", monitor, cfg.run_name)
     torch.manual_seed(cfg.seed)
     if cfg.trainer.num_threads is not None:
         torch.set_num_threads(cfg.trainer.num_threads)
 
-    model = apply_lora(load_model(cfg.model), cfg.lora)
+    cfg.lora.check_for_rl()
+    device = dp.device()
+    model = apply_lora(load_model(cfg.model), cfg.lora).to(device)
+    check_vllm_can_serve(model)
+    if cfg.trainer.gradient_checkpointing:
+        enable_gradient_checkpointing(model)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    dp.sync_parameters(trainable)
     pad_id = model.config.pad_token_id or 0
     summary = parameter_summary(model)
     log.info(
@@ -44,13 +62,16 @@ def train(cfg: RLConfig) -> None:
     optimizer = build_optimizer(model, cfg.trainer.optim)
     scheduler = build_scheduler(optimizer, cfg.trainer.scheduler, cfg.max_steps)
 
-    write_adapter(model, run.broadcast(0))
-    log.info("wrote the starting adapter to %s", run.broadcast(0))
+    if dp.is_main:
+        write_adapter(model, run.broadcast(0))
+        log.info("wrote the starting adapter to %s", run.broadcast(0))
 
     for step in range(1, cfg.max_steps + 1):
         t0 = time.perf_counter()
         batch = wait_for_batch(run.rollouts(step), step, cfg.trainer.batch_timeout)
         t_batch = time.perf_counter()
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
 
         samples = [
             TrainSample(
@@ -63,29 +84,33 @@ def train(cfg: RLConfig) -> None:
             for r in batch.rollouts
         ]
         total_loss_tokens = max(1, sum(sum(r.completion_mask) for r in batch.rollouts))
+        # Fixed from the whole batch, so that the micro-batch losses add up to the step's loss.
+        norm = LossNorm.for_step(cfg.trainer.loss, samples)
         model.train()
         step_stats: dict[str, float] = {}
         loss_sum = 0.0
-        for mb in micro_batches(samples, cfg.trainer.micro_batch_size, pad_id):
-            loss, stats = policy_loss(token_logprobs(model, mb), mb, cfg.trainer.loss, total_loss_tokens)
+        for mb in micro_batches(dp.shard(samples), cfg.trainer.micro_batch_size, pad_id):
+            loss, stats = micro_batch_loss(model, mb.to(device), cfg.trainer.loss, norm)
             loss.backward()
             loss_sum += loss.item()
             # Token-weighted average of the per-micro-batch stats.
             weight = mb.loss_mask.sum().item() / total_loss_tokens
             for k, v in stats.items():
                 step_stats[k] = step_stats.get(k, 0.0) + v.item() * weight
+        dp.sum_gradients(trainable)
+        step_stats = dp.sum_values(step_stats | {"loss": loss_sum})
+        loss_sum = step_stats.pop("loss")
         t_backward = time.perf_counter()
 
-        grad_norm = torch.nn.utils.clip_grad_norm_(
-            [p for p in model.parameters() if p.requires_grad], cfg.trainer.optim.max_norm
-        )
+        grad_norm = torch.nn.utils.clip_grad_norm_(trainable, cfg.trainer.optim.max_norm)
         lr = scheduler.get_last_lr()[0]
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         t_optim = time.perf_counter()
 
-        write_adapter(model, run.broadcast(step))
+        if dp.is_main:
+            write_adapter(model, run.broadcast(step))
         t_end = time.perf_counter()
 
         lags = [step - 1 - r.policy_version for r in batch.rollouts]
@@ -100,6 +125,7 @@ def train(cfg: RLConfig) -> None:
                 "policy_lag/max": max(lags),
                 "tokens": total_loss_tokens,
                 "tokens_per_s": total_loss_tokens / max(1e-9, t_end - t_batch),
+                "memory/peak_gib": peak_memory_gib(device),
                 "time/wait_for_batch": t_batch - t0,
                 "time/forward_backward": t_backward - t_batch,
                 "time/optimizer": t_optim - t_backward,
@@ -112,6 +138,7 @@ def train(cfg: RLConfig) -> None:
             step, loss_sum, grad_norm.item(), step_stats.get("mismatch/logprob_abs_diff", 0.0), t_batch - t0,
         )  # fmt: skip
     metrics.close()
+    dp.close()
 
 
 def wait_for_batch(folder: Path, step: int, timeout: float, poll: float = 0.05) -> RolloutBatch:

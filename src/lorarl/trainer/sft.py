@@ -1,15 +1,20 @@
-"""The SFT loop, top to bottom: chat JSONL in, a PEFT adapter (or a full model) out.
+"""The SFT loop, top to bottom: local chat data in, a PEFT adapter (or a full model) out.
 
-Loss on assistant tokens only. The result lands in `<run_dir>/final/`, which an RL config starts
-from with `model.lora.init_adapter = "<run_dir>/final"`.
+A step trains on `batch_size` samples; its loss is the mean negative log-likelihood of their loss
+tokens (`data.loss_on`). Gradients accumulate over forward/backward passes of `micro_batch_size`
+samples, or with `packing` of `micro_batch_size` packed rows of up to `seq_len` tokens (the same
+bound on tokens per pass). Every `eval.interval` steps it measures the loss on held-out data, and
+every `ckpt.interval` steps it writes a checkpoint that `--resume` continues from. The result lands
+in `<run_dir>/final/`, which an RL config starts from with `model.lora.init_adapter`. One process
+on one device (the GPU when there is one): no data parallel yet.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import random
 import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -19,83 +24,58 @@ from transformers import AutoTokenizer
 from lorarl.config.models import SFTConfig
 from lorarl.monitor.metrics import MetricsLogger
 from lorarl.run_folder import RunFolder
-from lorarl.trainer.batching import TrainSample, micro_batches
-from lorarl.trainer.chat import tokenize_with_assistant_mask
+from lorarl.trainer.batching import MicroBatch, TrainSample, micro_batches
+from lorarl.trainer.checkpoint import discard_after, load_checkpoint, save_checkpoint
 from lorarl.trainer.loss import token_logprobs
 from lorarl.trainer.model import apply_lora, load_model, parameter_summary
 from lorarl.trainer.optim import build_optimizer, build_scheduler
+from lorarl.trainer.packing import PackedBatch, packed_micro_batches, packed_token_logprobs
+from lorarl.trainer.sft_data import DataOrder, load_sft_data
 
 log = logging.getLogger("lorarl.sft")
 
 
-def load_chat_jsonl(path: Path) -> list[list[dict[str, str]]]:
-    conversations = []
-    with open(path) as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-                messages = record["messages"]
-                if not isinstance(messages, list) or not all("role" in m and "content" in m for m in messages):
-                    raise ValueError("'messages' must be a list of {role, content}")
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-                raise ValueError(f"{path}:{lineno}: malformed record: {e}") from None
-            conversations.append(messages)
-    if not conversations:
-        raise ValueError(f"{path}: no records")
-    return conversations
-
-
 def train(cfg: SFTConfig) -> Path:
     run = RunFolder(cfg.run_dir).create()
-    metrics = MetricsLogger(run.metrics, "sft", cfg.monitor, cfg.run_name)
     torch.manual_seed(cfg.seed)
-    rng = random.Random(cfg.seed)
 
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.name)
-    samples = []
-    truncated = 0
-    for messages in load_chat_jsonl(cfg.data.path):
-        ids, mask = tokenize_with_assistant_mask(tokenizer, messages)
-        truncated += len(ids) > cfg.seq_len
-        samples.append(TrainSample(ids[: cfg.seq_len], mask[: cfg.seq_len]))
-    log.info("%d conversations from %s (%d truncated to seq_len %d)", len(samples), cfg.data.path,
-             truncated, cfg.seq_len)  # fmt: skip
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    data = load_sft_data(cfg.data, tokenizer, cfg.seq_len, cfg.seed)
+    log.info("%d training samples, %d eval samples from %s (seq_len %d: %s)", len(data.train), len(data.eval),
+             cfg.data.path, cfg.seq_len, dict(data.counts) or "none truncated or skipped")  # fmt: skip
 
     model = load_model(cfg.model)
     if cfg.model.lora is not None:
         model = apply_lora(model, cfg.model.lora)
+    model.to(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
     summary = parameter_summary(model)
     log.info("training %d of %d parameters (%s)", summary["params/trainable"], summary["params/total"],
              "LoRA" if cfg.model.lora else "full")  # fmt: skip
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     optimizer = build_optimizer(model, cfg.optim)
     scheduler = build_scheduler(optimizer, cfg.scheduler, cfg.max_steps)
+    order = DataOrder(len(data.train), cfg.seed, cfg.data.shuffle)
 
-    order: list[int] = []
+    start = 0
+    if cfg.resume is not None:
+        state = load_checkpoint(run.root, cfg.resume.step, model, optimizer, scheduler)
+        start = state["step"]
+        order.load_state_dict(state["data"])
+        discard_after(run.root, start, run.metrics)
+    metrics = MetricsLogger(run.metrics, "sft", cfg.monitor, cfg.run_name)
+
     progress = Progress(
         TextColumn("sft"), BarColumn(), TextColumn("{task.completed}/{task.total} {task.fields[info]}"),
         TimeRemainingColumn(), disable=not cfg.monitor.console,
     )  # fmt: skip
+    eval_info = ""
     with progress:
-        task = progress.add_task("sft", total=cfg.max_steps, info="")
-        for step in range(1, cfg.max_steps + 1):
+        task = progress.add_task("sft", total=cfg.max_steps, completed=start, info="")
+        for step in range(start + 1, cfg.max_steps + 1):
             t0 = time.perf_counter()
-            batch = []
-            for _ in range(cfg.batch_size):
-                if not order:  # a new epoch
-                    order = list(range(len(samples)))
-                    if cfg.data.shuffle:
-                        rng.shuffle(order)
-                batch.append(samples[order.pop()])
-            total_tokens = max(1, sum(sum(s.loss_mask[1:]) for s in batch))
+            batch = [data.train[i] for i in order.take(cfg.batch_size)]
             model.train()
-            loss_sum = 0.0
-            for mb in micro_batches(batch, cfg.micro_batch_size, pad_id):
-                loss = -(token_logprobs(model, mb) * mb.loss_mask).sum() / total_tokens
-                loss.backward()
-                loss_sum += loss.item()
+            stats = forward_backward(model, batch, cfg, pad_id)
             grad_norm = torch.nn.utils.clip_grad_norm_(
                 [p for p in model.parameters() if p.requires_grad], cfg.optim.max_norm
             )
@@ -104,11 +84,22 @@ def train(cfg: SFTConfig) -> Path:
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             elapsed = time.perf_counter() - t0
-            tokens_per_s = sum(len(s.input_ids) for s in batch) / elapsed
+            tokens_per_s = stats.tokens / elapsed
+
+            row: dict[str, float] = {}
             if step % cfg.log_interval == 0 or step == cfg.max_steps:
-                metrics.log(step, {"loss": loss_sum, "grad_norm": grad_norm.item(), "lr": lr,
-                                   "tokens_per_s": tokens_per_s, "time/step": elapsed})  # fmt: skip
-            progress.update(task, advance=1, info=f"loss {loss_sum:.3f} | {tokens_per_s:,.0f} tok/s")
+                row |= {"loss": stats.loss, "grad_norm": grad_norm.item(), "lr": lr, "tokens_per_s": tokens_per_s,
+                        "padding_frac": 1 - stats.tokens / stats.padded_tokens, "epoch": order.epoch,
+                        "time/step": elapsed}  # fmt: skip
+            if data.eval and (step % cfg.eval.interval == 0 or step == cfg.max_steps):
+                row["eval/loss"] = evaluate(model, data.eval, cfg, pad_id)
+                eval_info = f" | eval {row['eval/loss']:.3f}"
+            if row:
+                metrics.log(step, row)
+            if cfg.ckpt.interval is not None and step % cfg.ckpt.interval == 0:
+                save_checkpoint(run.root, step, model, optimizer, scheduler, {"data": order.state_dict()},
+                                cfg.ckpt.keep_last)  # fmt: skip
+            progress.update(task, advance=1, info=f"loss {stats.loss:.3f}{eval_info} | {tokens_per_s:,.0f} tok/s")
 
     final = run.root / "final"
     model.save_pretrained(final)
@@ -116,3 +107,56 @@ def train(cfg: SFTConfig) -> Path:
     metrics.close()
     log.info("wrote %s", final)
     return final
+
+
+@dataclass
+class StepStats:
+    loss: float  # mean negative log-likelihood per loss token
+    tokens: int  # sample tokens, padding excluded
+    padded_tokens: int  # tokens of the forward passes, padding included
+
+
+def forward_backward(model: torch.nn.Module, batch: Sequence[TrainSample], cfg: SFTConfig, pad_id: int) -> StepStats:
+    """Accumulate the gradient of the step's loss over its micro-batches."""
+    loss_tokens = max(1, sum(sum(s.loss_mask[1:]) for s in batch))
+    loss_sum = 0.0
+    padded = 0
+    for mb in forward_batches(batch, cfg, pad_id):
+        loss = summed_nll(model, mb) / loss_tokens
+        loss.backward()
+        loss_sum += loss.item()
+        padded += mb.input_ids.numel()
+    return StepStats(loss_sum, sum(len(s.input_ids) for s in batch), padded)
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, samples: Sequence[TrainSample], cfg: SFTConfig, pad_id: int) -> float:
+    """Mean negative log-likelihood per loss token of `samples`, packed a step's worth at a time
+    (packing many thousands of samples at once would take longer than scoring them)."""
+    model.eval()
+    total = 0.0
+    for i in range(0, len(samples), cfg.batch_size):
+        total += sum(
+            summed_nll(model, mb).item() for mb in forward_batches(samples[i : i + cfg.batch_size], cfg, pad_id)
+        )
+    return total / max(1, sum(sum(s.loss_mask[1:]) for s in samples))
+
+
+def forward_batches(
+    samples: Sequence[TrainSample], cfg: SFTConfig, pad_id: int
+) -> Iterator[MicroBatch] | Iterator[PackedBatch]:
+    if cfg.packing:
+        return packed_micro_batches(samples, cfg.seq_len, cfg.micro_batch_size, pad_id)
+    return micro_batches(samples, cfg.micro_batch_size, pad_id)
+
+
+def summed_nll(model: torch.nn.Module, mb: MicroBatch | PackedBatch) -> torch.Tensor:
+    """Negative log-likelihood of the micro-batch's loss tokens, summed."""
+    device = model.get_input_embeddings().weight.device
+    if isinstance(mb, PackedBatch):
+        logprobs = packed_token_logprobs(model, mb)
+    else:
+        logprobs = token_logprobs(
+            model, replace(mb, input_ids=mb.input_ids.to(device), attention_mask=mb.attention_mask.to(device))
+        )
+    return -(logprobs * mb.loss_mask.to(device)).sum()

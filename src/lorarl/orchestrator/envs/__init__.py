@@ -5,10 +5,16 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from lorarl.orchestrator.envs.alphabet_sort import AlphabetSort
 from lorarl.orchestrator.envs.base import Environment
+from lorarl.orchestrator.envs.math_problems import MathProblems
 from lorarl.orchestrator.envs.reverse_text import ReverseText
+from lorarl.orchestrator.envs.search import Search
+from lorarl.orchestrator.envs.unscramble import Unscramble
 
-BUILTIN: dict[str, type[Environment]] = {"reverse_text": ReverseText}
+BUILTIN: dict[str, type[Environment]] = {
+    env.name: env for env in (ReverseText, AlphabetSort, Unscramble, MathProblems, Search)
+}
 
 
 def load_environment(env_id: str, args: dict[str, Any] | None = None) -> Environment:

@@ -62,8 +62,14 @@ class Environment:
     rewards: list[WeightedReward] = []
 
     def examples(self, rng: random.Random) -> Iterator[Example]:
-        """An endless stream of training examples drawn with `rng`."""
+        """An endless stream of training examples drawn with `rng`. One example dict is shared by
+        all episodes of its group: keep per-episode data in `episode.state`, never in the example."""
         raise NotImplementedError
+
+    def eval_examples(self, rng: random.Random) -> Iterator[Example]:
+        """Held-out examples for evals. By default the training generator drawn with its own seed
+        (`orchestrator.eval.seed`); an environment with a fixed test split overrides this."""
+        return self.examples(rng)
 
     def prompt(self, example: Example) -> list[Message]:
         """The chat messages that open an episode."""

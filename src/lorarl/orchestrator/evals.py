@@ -1,0 +1,41 @@
+"""Evals: the policy on held-out examples of every environment, k rollouts each.
+
+avg@k is the mean reward over all rollouts; pass@k the mean over examples of the best of the k
+rewards (for 0/1 rewards, the fraction of examples solved at least once in k tries).
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+from collections.abc import Awaitable, Callable
+from itertools import islice
+
+from lorarl.config.models import EvalConfig
+from lorarl.orchestrator.envs.base import Environment, Example
+
+# (env, example, n) -> the n rewards of one group, played with the newest policy.
+PlayRewards = Callable[[Environment, Example, int], Awaitable[list[float]]]
+
+
+class Evaluator:
+    def __init__(self, cfg: EvalConfig, envs: list[Environment], max_steps: int) -> None:
+        self.cfg, self.max_steps = cfg, max_steps
+        # The same held-out examples at every eval, so curves compare like with like.
+        self.sets = [(env, list(islice(env.eval_examples(random.Random(cfg.seed)), cfg.num_examples))) for env in envs]
+        self._done: set[int] = set()
+
+    def due(self, version: int) -> bool:
+        """Versions 0 (the starting policy), every `interval`, and the last one are evaluated."""
+        wanted = version % self.cfg.interval == 0 or version == self.max_steps
+        return wanted and version not in self._done
+
+    async def run(self, version: int, play: PlayRewards) -> dict[str, float]:
+        self._done.add(version)
+        k = self.cfg.rollouts_per_example
+        metrics: dict[str, float] = {}
+        for env, examples in self.sets:
+            groups = [await play(env, example, k) for example in examples]
+            metrics[f"eval/{env.name}/avg@{k}"] = statistics.fmean(r for g in groups for r in g)
+            metrics[f"eval/{env.name}/pass@{k}"] = statistics.fmean(max(g) for g in groups)
+        return metrics

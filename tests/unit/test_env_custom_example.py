@@ -1,0 +1,68 @@
+"""examples/custom_environment: the user's-own-environment example loads as its config names it."""
+
+import asyncio
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lorarl.config.loader import load_config
+from lorarl.config.models import RLConfig
+from lorarl.orchestrator.envs import load_environment
+from lorarl.orchestrator.envs.base import Environment, Episode
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIG = REPO / "examples" / "custom_environment" / "rl.toml"
+CONFIG_ID = "examples.custom_environment.my_env:make_env"
+
+
+@pytest.fixture
+def env_cfg(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.syspath_prepend(str(REPO))  # what `python -m` gives the orchestrator started from the repo root
+    (cfg,) = load_config(RLConfig, ["@", str(CONFIG)]).orchestrator.env
+    assert cfg.id == CONFIG_ID
+    return cfg
+
+
+def play(env: Environment, example: dict, answers: list[str]) -> Episode:
+    episode = Episode(example, env.prompt(example))
+    for turn, answer in enumerate(answers[: env.max_turns], 1):
+        episode.messages.append({"role": "assistant", "content": answer})
+        reply = env.env_response(episode) if turn < env.max_turns else None
+        if reply is None:
+            break
+        episode.messages += reply
+    return episode
+
+
+def test_the_example_loads_as_configured_and_scores(env_cfg) -> None:
+    env = load_environment(env_cfg.id, env_cfg.args)
+    assert env.name == "count_letter" and env.max_turns == env_cfg.args["max_attempts"] == 2
+    example = next(env.examples(random.Random(0)))
+    right, wrong = str(example["count"]), str(example["count"] + 1)
+
+    def reward(answers: list[str]) -> float:
+        return asyncio.run(env.score(play(env, example, answers)))["reward"]
+
+    assert reward([env.solution(example)]) == pytest.approx(1.1)
+    assert play(env, example, [right, "again?"]).turns == [right]  # right: the episode ends
+    assert play(env, example, [wrong, right]).messages[-2]["content"] == "That is not right. Try again."
+    assert reward([wrong, right]) == pytest.approx(0.5 + 0.1)
+    assert reward([wrong, wrong]) == pytest.approx(0.1)
+    assert reward(["I count three."]) == 0.0
+
+
+def test_bad_args_are_clear_errors(env_cfg) -> None:
+    with pytest.raises(ValueError, match="max_attempts"):
+        load_environment(env_cfg.id, {"max_attempts": 0})
+
+
+def test_the_module_path_resolves_from_the_repo_root_in_a_fresh_interpreter() -> None:
+    # `rl` starts the orchestrator as `python -m ...` in the current directory; `-c` puts the
+    # current directory on sys.path the same way.
+    code = f"from lorarl.orchestrator.envs import load_environment; print(load_environment({CONFIG_ID!r}).name)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "count_letter"

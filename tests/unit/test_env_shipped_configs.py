@@ -1,0 +1,62 @@
+"""Every environment in a shipped rl config, played through EpisodeRunner with reference answers:
+the turns fit the config's seq_len and max_tokens, multi-turn episodes run to the end, and the
+reference answers score full reward."""
+
+import asyncio
+import random
+from itertools import islice
+from pathlib import Path
+
+import pytest
+
+from lorarl.config.loader import load_config
+from lorarl.config.models import RLConfig
+from lorarl.inference.client import Completion
+from lorarl.orchestrator.envs import load_environment
+from lorarl.orchestrator.envs.base import Environment, Example
+from lorarl.orchestrator.episodes import EpisodeRunner
+from lorarl.tiny_model import build_tokenizer
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIGS = sorted(p for d in ("configs", "examples") for p in (REPO / d).rglob("*.toml") if not p.stem.startswith("sft"))
+
+
+def reference_turns(env: Environment, example: Example) -> list[str]:
+    """What a perfect policy writes, turn by turn (the longest such episode, for search)."""
+    if env.name == "alphabet_sort":
+        return example["expected"]
+    if env.name == "search":
+        return [f"<search>{example['question']}</search>"] * (env.max_turns - 1) + [
+            f"<answer>{example['answer']}</answer>"
+        ]
+    return [env.solution(example)]
+
+
+class ReferencePool:
+    """Stands in for vLLM: answers with the next reference turn, which must fit max_tokens."""
+
+    def __init__(self, tokenizer, turns: list[str]) -> None:
+        self.tokenizer, self.turns = tokenizer, list(turns)
+
+    async def complete(self, model, prompt_ids, n, max_tokens, **sampling):
+        text = self.turns.pop(0)
+        ids = self.tokenizer.encode(text) + [self.tokenizer.eos_token_id]
+        assert len(ids) <= max_tokens, f"{len(ids)} tokens of {text!r} exceed max_tokens {max_tokens}"
+        return [Completion(ids, [-0.1] * len(ids), text, "stop")]
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: str(p.relative_to(REPO)))
+def test_reference_episodes_fit_the_config_and_score_full_reward(path: Path, monkeypatch) -> None:
+    monkeypatch.syspath_prepend(str(REPO))  # examples/ resolves from the repo root, as under `rl`
+    cfg = load_config(RLConfig, ["@", str(path)])
+    tokenizer = build_tokenizer()
+    for env_cfg in cfg.orchestrator.env:
+        env = load_environment(env_cfg.id, env_cfg.args)
+        for example in islice(env.examples(random.Random(0)), 100):
+            turns = reference_turns(env, example)
+            runner = EpisodeRunner(ReferencePool(tokenizer, turns), tokenizer, cfg.orchestrator.sampling, cfg.seq_len)
+            (played,) = asyncio.run(runner.play("adapter", env, example, n=1))
+            assert played.episode.turns == turns  # every turn was played: nothing cut by seq_len
+            assert sum(len(s.prompt_ids) + len(s.completion_ids) for s in played.samples) <= cfg.seq_len
+            scores = asyncio.run(env.score(played.episode))
+            assert scores["reward"] >= 1.0 and scores["reward_errors"] == 0, (example, scores)

@@ -1,0 +1,30 @@
+import asyncio
+
+from lorarl.config.models import EvalConfig
+from lorarl.orchestrator.envs import load_environment
+from lorarl.orchestrator.evals import Evaluator
+
+
+def test_evals_are_due_at_zero_every_interval_and_at_the_end_once() -> None:
+    ev = Evaluator(EvalConfig(interval=4, num_examples=2), [load_environment("reverse_text")], max_steps=10)
+    assert [v for v in range(11) if ev.due(v)] == [0, 4, 8, 10]
+    asyncio.run(ev.run(4, lambda env, ex, n: _rewards([0.0] * n)))
+    assert not ev.due(4)
+
+
+async def _rewards(values: list[float]) -> list[float]:
+    return values
+
+
+def test_avg_and_pass_at_k() -> None:
+    env = load_environment("reverse_text")
+    ev = Evaluator(EvalConfig(num_examples=2, rollouts_per_example=3), [env], max_steps=10)
+    scripted = iter([[0.0, 1.0, 0.5], [0.2, 0.2, 0.2]])
+    metrics = asyncio.run(ev.run(0, lambda env, ex, n: _rewards(next(scripted))))
+    assert metrics["eval/reverse_text/avg@3"] == (1.5 + 0.6) / 6
+    assert metrics["eval/reverse_text/pass@3"] == (1.0 + 0.2) / 2
+
+
+def test_the_held_out_examples_are_the_same_at_every_eval() -> None:
+    envs = [load_environment("reverse_text")]
+    assert Evaluator(EvalConfig(), envs, 5).sets[0][1] == Evaluator(EvalConfig(), envs, 5).sets[0][1]

@@ -1,0 +1,158 @@
+"""The loss on the tiny Qwen3 model with a LoRA adapter: the KL penalty to the base model (the same
+weights with the adapter disabled), gradient checkpointing, and the RL trainer's steps."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import PreTrainedModel
+
+from lorarl.config.models import LoraConfig, LossConfig, RLConfig
+from lorarl.rollouts import Rollout, RolloutBatch
+from lorarl.run_folder import RunFolder
+from lorarl.tiny_model import build_model, build_tokenizer
+from lorarl.trainer.batching import TrainSample, micro_batches
+from lorarl.trainer.loss import LossNorm, micro_batch_loss, policy_loss, token_logprobs
+from lorarl.trainer.model import apply_lora, enable_gradient_checkpointing
+from lorarl.trainer.rl import train
+
+TEMPERATURE = 0.8
+
+
+def tiny_qwen3() -> PreTrainedModel:
+    tok = build_tokenizer()
+    assert tok.eos_token_id is not None and tok.pad_token_id is not None
+    return build_model(len(tok), tok.eos_token_id, tok.pad_token_id, hidden_size=64, num_layers=2)
+
+
+def trained_adapter(model: PreTrainedModel) -> torch.nn.Module:
+    """A LoRA adapter that moves the policy away from the base model (a fresh one has B = 0)."""
+    peft_model = apply_lora(model, LoraConfig(rank=4))
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(std=0.1)
+    return peft_model
+
+
+def rollout_samples() -> list[TrainSample]:
+    rng = torch.Generator().manual_seed(0)
+    samples = []
+    for prompt_len, completion_len, adv in ((5, 7, 1.0), (3, 9, -0.5), (6, 4, 0.25)):
+        ids = torch.randint(3, 250, (prompt_len + completion_len,), generator=rng).tolist()
+        old = (-torch.rand(completion_len, generator=rng) * 3).tolist()
+        samples.append(TrainSample(ids, [False] * prompt_len + [True] * completion_len, [0.0] * prompt_len + old,
+                                   advantage=adv, temperature=TEMPERATURE))  # fmt: skip
+    return samples
+
+
+def test_kl_to_base_is_against_the_model_with_its_adapter_disabled() -> None:
+    samples = rollout_samples()
+    batch = next(micro_batches(samples, size=len(samples), pad_id=0))
+    cfg = LossConfig(kl_coef=0.5)
+    norm = LossNorm.for_step(cfg, samples)
+    base = tiny_qwen3()
+    with torch.no_grad():
+        base_logprobs = token_logprobs(base, batch)  # before the adapter exists
+    model = trained_adapter(base)
+
+    loss, stats = micro_batch_loss(model, batch, cfg, norm)
+    expected, expected_stats = policy_loss(token_logprobs(model, batch), batch, cfg, norm, base_logprobs)
+    assert math.isclose(loss.item(), expected.item(), rel_tol=1e-5)
+    policy = token_logprobs(model, batch)
+    k3 = [
+        math.exp(r - p) - (r - p) - 1
+        for rr, pr, mr in zip(base_logprobs.tolist(), policy.tolist(), batch.loss_mask.tolist(), strict=True)
+        for r, p, m in zip(rr, pr, mr, strict=True)
+        if m
+    ]
+    assert stats["kl_to_base"].item() > 1e-4
+    assert math.isclose(stats["kl_to_base"].item(), sum(k3) / len(k3), rel_tol=1e-4)
+    assert math.isclose(stats["kl_to_base"].item(), expected_stats["kl_to_base"].item(), rel_tol=1e-5)
+    assert stats["entropy"].item() > 0
+    # The adapter is enabled again afterwards.
+    assert torch.equal(token_logprobs(model, batch), policy)
+
+    # Without the penalty the base model is not run, and the stat is absent.
+    _, stats = micro_batch_loss(model, batch, LossConfig(), norm)
+    assert "kl_to_base" not in stats
+
+
+def loss_and_grads(checkpointing: bool) -> tuple[float, dict[str, torch.Tensor], int]:
+    model = trained_adapter(tiny_qwen3())
+    if checkpointing:
+        enable_gradient_checkpointing(model)
+    # Count the runs of one layer's MLP (a forward hook would not see the recomputation).
+    mlp = model.base_model.model.model.layers[0].mlp
+    mlp_forward = mlp.forward
+    layer_calls = 0
+
+    def counted(*args: object, **kwargs: object) -> torch.Tensor:
+        nonlocal layer_calls
+        layer_calls += 1
+        return mlp_forward(*args, **kwargs)
+
+    mlp.forward = counted
+    model.train()
+    samples = rollout_samples()
+    cfg = LossConfig(kl_coef=0.1)
+    norm = LossNorm.for_step(cfg, samples)
+    total = 0.0
+    for mb in micro_batches(samples, size=2, pad_id=0):
+        loss, _ = micro_batch_loss(model, mb, cfg, norm)
+        loss.backward()
+        total += loss.item()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+    return total, grads, layer_calls
+
+
+def test_gradient_checkpointing_gives_the_same_loss_and_gradients() -> None:
+    loss, grads, calls = loss_and_grads(checkpointing=False)
+    loss_ckpt, grads_ckpt, calls_ckpt = loss_and_grads(checkpointing=True)
+    # Two micro-batches, each a base-model and a policy forward; with checkpointing the policy
+    # forward of each layer runs again in the backward pass.
+    assert (calls, calls_ckpt) == (4, 6)
+    assert math.isclose(loss, loss_ckpt, rel_tol=1e-6)
+    assert grads.keys() == grads_ckpt.keys() and len(grads) == 2 * 2 * 7  # layers x (A, B) x projections
+    for name, g in grads.items():
+        assert g.abs().sum() > 0, name
+        assert torch.allclose(g, grads_ckpt[name], rtol=1e-5, atol=1e-7), name
+
+
+@pytest.mark.parametrize(
+    "loss",
+    [
+        {"kl_coef": 0.1, "norm": "sequence", "ratio_level": "sequence"},
+        {"norm": "constant", "norm_constant": 64.0, "ratio_mode": "mask"},
+    ],
+)
+def test_trainer_steps_on_written_rollouts_log_the_loss_metrics(tiny_model: Path, tmp_path: Path, loss: dict) -> None:
+    """The RL trainer loop (no vLLM: the rollout batches are written by hand), with checkpointing."""
+    cfg = RLConfig(model={"name": str(tiny_model)}, max_steps=2, output_dir=tmp_path, monitor={"console": False},
+                   trainer={"micro_batch_size": 2, "gradient_checkpointing": True, "loss": loss})  # fmt: skip
+    run = RunFolder(cfg.run_dir).create()
+    for step in (1, 2):
+        rollouts = [
+            Rollout(
+                prompt_ids=s.input_ids[:3],
+                completion_ids=s.input_ids[3:],
+                completion_logprobs=s.old_logprobs[3:],
+                completion_mask=s.loss_mask[3:],
+                advantage=s.advantage,
+                reward=0.0,
+                policy_version=step - 1,
+                temperature=s.temperature,
+            )
+            for s in rollout_samples()
+        ]
+        RolloutBatch(step, rollouts).write(run.rollouts(step))
+    train(cfg)
+    rows = [json.loads(line) for line in run.metrics.read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    for row in rows:
+        assert row["entropy"] > 0 and row["memory/peak_gib"] > 0 and math.isfinite(row["loss"])
+        assert ("kl_to_base" in row) == ("kl_coef" in loss)
+    assert (run.broadcast(2) / "adapter_model.safetensors").is_file()

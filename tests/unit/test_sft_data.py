@@ -1,0 +1,176 @@
+import json
+from collections import Counter
+from pathlib import Path
+
+import datasets
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from lorarl.config.models import SFTDataConfig
+from lorarl.tiny_model import build_tokenizer
+from lorarl.trainer.chat import tokenize_with_assistant_mask
+from lorarl.trainer.sft_data import Conversation, DataOrder, load_sft_data, read_conversations, tokenize
+
+CHAT = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "hi"},
+    {"role": "assistant", "content": "yo"},
+    {"role": "user", "content": "again"},
+    {"role": "assistant", "content": "ok!"},
+]
+
+
+def trained_text(loss_on: str) -> str:
+    tok = build_tokenizer()
+    ids, mask = tokenize_with_assistant_mask(tok, CHAT, loss_on)  # type: ignore[arg-type]
+    assert len(ids) == len(mask)
+    return tok.decode([i for i, m in zip(ids, mask, strict=True) if m])
+
+
+def test_loss_on_modes_of_a_multi_turn_conversation() -> None:
+    whole = build_tokenizer().apply_chat_template(CHAT, tokenize=False)
+    assert trained_text("assistant") == "yo<|im_end|>\nok!<|im_end|>\n"
+    assert trained_text("last_turn") == "ok!<|im_end|>\n"
+    assert trained_text("all") == whole
+
+
+def write_jsonl(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+RECORDS = [
+    {"messages": [{"role": "user", "content": "abc"}, {"role": "assistant", "content": "cba"}]},
+    {"prompt": "stone", "completion": "enots"},
+    {
+        "prompt": [{"role": "system", "content": "Reverse."}, {"role": "user", "content": "ab"}],
+        "completion": [{"role": "assistant", "content": "ba"}],
+    },
+]
+EXPECTED = [
+    [{"role": "user", "content": "abc"}, {"role": "assistant", "content": "cba"}],
+    [{"role": "user", "content": "stone"}, {"role": "assistant", "content": "enots"}],
+    [
+        {"role": "system", "content": "Reverse."},
+        {"role": "user", "content": "ab"},
+        {"role": "assistant", "content": "ba"},
+    ],
+]
+
+
+def test_jsonl_with_messages_and_prompt_completion_pairs(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "d.jsonl", RECORDS)
+    conversations = read_conversations(path)
+    assert [c.messages for c in conversations] == EXPECTED
+    assert [c.where for c in conversations] == [f"{path}:1", f"{path}:2", f"{path}:3"]
+
+
+def test_parquet(tmp_path: Path) -> None:
+    # One column type per file: chats in one, string pairs in another.
+    chats = tmp_path / "chats.parquet"
+    pq.write_table(pa.Table.from_pylist([RECORDS[0], RECORDS[0]]), chats)
+    assert [c.messages for c in read_conversations(chats)] == [EXPECTED[0]] * 2
+    pairs = tmp_path / "pairs.parquet"
+    pq.write_table(pa.Table.from_pylist([RECORDS[1]]), pairs)
+    assert [c.messages for c in read_conversations(pairs)] == [EXPECTED[1]]
+
+
+def test_datasets_folders(tmp_path: Path) -> None:
+    datasets.Dataset.from_list([RECORDS[1], RECORDS[1]]).save_to_disk(str(tmp_path / "saved"))
+    assert [c.messages for c in read_conversations(tmp_path / "saved")] == [EXPECTED[1]] * 2
+
+    splits = datasets.DatasetDict(
+        {"train": datasets.Dataset.from_list([RECORDS[0]]), "test": datasets.Dataset.from_list([RECORDS[1]])}
+    )
+    splits.save_to_disk(str(tmp_path / "splits"))
+    assert [c.messages for c in read_conversations(tmp_path / "splits", "test")] == [EXPECTED[1]]
+    with pytest.raises(ValueError, match=r"no split 'dev' \(it has \['test', 'train'\]\)"):
+        read_conversations(tmp_path / "splits", "dev")
+
+    # A folder of data files, read by datasets.load_dataset.
+    (tmp_path / "files").mkdir()
+    write_jsonl(tmp_path / "files" / "part-0.jsonl", [RECORDS[0], RECORDS[0]])
+    assert [c.messages for c in read_conversations(tmp_path / "files")] == [EXPECTED[0]] * 2
+
+
+@pytest.mark.parametrize(
+    ("record", "error"),
+    [
+        ({"messages": "not a list"}, "'messages' must be a list of {role, content}"),
+        ({"messages": [{"role": "user"}]}, "'messages' must be a list"),
+        ({"prompt": "only a prompt"}, "expected 'messages', or 'prompt' and 'completion'"),
+        ({"prompt": "p", "completion": 3}, "'completion' must be a list"),
+        ([1, 2], "expected an object, got list"),
+    ],
+)
+def test_malformed_jsonl_record_names_file_and_line(tmp_path: Path, record: object, error: str) -> None:
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps(RECORDS[0]) + "\n\n" + json.dumps(record) + "\n")
+    with pytest.raises(ValueError, match="malformed record") as e:
+        read_conversations(path)
+    assert str(e.value).startswith(f"{path}:3: malformed record: ")
+    assert error in str(e.value)
+
+
+def test_malformed_parquet_record_names_file_and_row(tmp_path: Path) -> None:
+    path = tmp_path / "d.parquet"
+    pq.write_table(
+        pa.Table.from_pylist([{"prompt": "a", "completion": "b"}, {"prompt": "c", "completion": None}]), path
+    )
+    with pytest.raises(ValueError, match=f"^{path} row 1: malformed record: 'completion' must be a list"):
+        read_conversations(path)
+
+
+def test_unknown_format_and_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"expected a \.jsonl or \.parquet file, or a `datasets` folder"):
+        (tmp_path / "d.csv").write_text("a,b\n")
+        read_conversations(tmp_path / "d.csv")
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        read_conversations(tmp_path / "missing.jsonl")
+
+
+def test_truncation_policies_are_counted() -> None:
+    tok = build_tokenizer()
+    short = Conversation("a:1", [{"role": "user", "content": "ab"}, {"role": "assistant", "content": "ba"}])
+    long = Conversation("a:2", [{"role": "user", "content": "x" * 40}, {"role": "assistant", "content": "y" * 40}])
+    prompt_only = Conversation("a:3", [{"role": "user", "content": "z" * 50}, {"role": "assistant", "content": "w"}])
+    counts: Counter[str] = Counter()
+    kept = tokenize([short, long, prompt_only], tok, 64, "assistant", "skip", counts)
+    assert len(kept) == 1 and counts == {"skipped_too_long": 2}
+    counts.clear()
+    kept = tokenize([short, long, prompt_only], tok, 64, "assistant", "truncate", counts)
+    # Cut to 64 tokens, the long one keeps part of its answer; the other loses all of it.
+    assert [len(s.input_ids) for s in kept] == [len(kept[0].input_ids), 64]
+    assert counts == {"truncated": 2, "no_loss_tokens": 1}
+
+
+def test_eval_fraction_holds_out_records_by_seed(tmp_path: Path) -> None:
+    records = [{"prompt": f"p{i}", "completion": f"c{i}"} for i in range(20)]
+    cfg = SFTDataConfig(path=write_jsonl(tmp_path / "d.jsonl", records), eval_fraction=0.25)
+    tok = build_tokenizer()
+    first, again, other = (load_sft_data(cfg, tok, 64, seed) for seed in (0, 0, 1))
+    assert (len(first.train), len(first.eval)) == (15, 5)
+    assert [s.input_ids for s in first.eval] == [s.input_ids for s in again.eval]
+    assert [s.input_ids for s in first.eval] != [s.input_ids for s in other.eval]
+    assert not {tuple(s.input_ids) for s in first.eval} & {tuple(s.input_ids) for s in first.train}
+
+    separate = SFTDataConfig(path=cfg.path, eval_path=write_jsonl(tmp_path / "e.jsonl", records[:3]))
+    data = load_sft_data(separate, tok, 64, 0)
+    assert (len(data.train), len(data.eval)) == (20, 3)
+    with pytest.raises(ValueError, match="not both"):
+        SFTDataConfig(path=cfg.path, eval_fraction=0.1, eval_path=cfg.path)
+
+
+def test_data_order_is_a_function_of_the_samples_drawn() -> None:
+    straight = DataOrder(10, seed=3, shuffle=True)
+    drawn = straight.take(7) + straight.take(9)  # into the second epoch
+    assert sorted(drawn[:10]) == list(range(10)) and drawn[:10] != list(range(10))
+    assert drawn[10:16] != drawn[:6]  # each epoch is a new permutation
+
+    resumed = DataOrder(10, seed=3, shuffle=True)
+    resumed.load_state_dict(DataOrder(10, seed=3, shuffle=True).state_dict() | {"consumed": 7})
+    assert resumed.take(9) == drawn[7:]
+    assert DataOrder(4, seed=3, shuffle=False).take(6) == [0, 1, 2, 3, 0, 1]
+    with pytest.raises(ValueError, match="trained on 10 samples, this data has 11"):
+        DataOrder(11, seed=3, shuffle=True).load_state_dict(straight.state_dict())
