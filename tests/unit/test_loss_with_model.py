@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from transformers import PreTrainedModel
 
 from lorarl.config.models import LoraConfig, LossConfig, RLConfig
@@ -156,3 +157,34 @@ def test_trainer_steps_on_written_rollouts_log_the_loss_metrics(tiny_model: Path
         assert row["entropy"] > 0 and row["memory/peak_gib"] > 0 and math.isfinite(row["loss"])
         assert ("kl_to_base" in row) == ("kl_coef" in loss)
     assert (run.broadcast(2) / "adapter_model.safetensors").is_file()
+
+
+def test_a_resumed_run_trains_the_same_adapter_as_an_uninterrupted_one(tiny_model: Path, tmp_path: Path) -> None:
+    """Stopped after step 2 (its checkpoint), resumed, fed the same batch 3: the same step-3 adapter."""
+
+    def run_to(out: Path, max_steps: int, resume: bool = False) -> RunFolder:
+        cfg = RLConfig(model={"name": str(tiny_model), "lora": {"dropout": 0.1}}, max_steps=max_steps,
+                       output_dir=out, monitor={"console": False}, resume={} if resume else None,
+                       trainer={"micro_batch_size": 2, "ckpt": {"interval": 2}})  # fmt: skip
+        run = RunFolder(cfg.run_dir).create()
+        for step in range(1, 4):
+            rollouts = [
+                Rollout(prompt_ids=s.input_ids[:3], completion_ids=s.input_ids[3:],
+                        completion_logprobs=s.old_logprobs[3:], completion_mask=s.loss_mask[3:],
+                        advantage=s.advantage * step, reward=0.0, policy_version=step - 1, temperature=s.temperature)
+                for s in rollout_samples()
+            ]  # fmt: skip
+            RolloutBatch(step, rollouts).write(run.rollouts(step))
+        train(cfg)
+        return run
+
+    straight = run_to(tmp_path / "straight", 3)
+    run_to(tmp_path / "stopped", 2)
+    resumed = run_to(tmp_path / "stopped", 3, resume=True)
+    a = load_file(straight.broadcast(3) / "adapter_model.safetensors")
+    b = load_file(resumed.broadcast(3) / "adapter_model.safetensors")
+    for key in a:
+        torch.testing.assert_close(b[key], a[key], rtol=0, atol=0)
+    # The resumed run logged step 3 once, after steps 1-2 of the first run.
+    steps = [json.loads(line)["step"] for line in resumed.metrics.read_text().splitlines()]
+    assert steps == [1, 2, 3]

@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     if not cfg.dry_run:
-        clear_previous_outputs(run)
+        clear_previous_outputs(run, resume=cfg.resume is not None)
     specs = plan_run(cfg, run, has_gpu=_has_gpu())
     if cfg.dry_run:
         print((run.configs / "commands.txt").read_text(), end="")
@@ -119,11 +119,15 @@ def report_failure(supervisor: Supervisor, name: str, code: int) -> int:
     return 1
 
 
-def clear_previous_outputs(run: RunFolder) -> None:
-    """A new run in an old folder starts clean: stale adapters or batches would be picked up."""
-    stale = [run.root / d for d in ("rollouts", "broadcasts", "samples", "logs")] + [run.metrics]
+def clear_previous_outputs(run: RunFolder, resume: bool) -> None:
+    """A new run in an old folder starts clean: stale adapters or batches would be picked up. A
+    resumed run keeps checkpoints and metrics (the trainer drops rows after its checkpoint) and
+    regenerates batches and adapters from the checkpoint on."""
+    stale = [run.root / d for d in ("rollouts", "broadcasts", "samples", "logs")]
+    if not resume:
+        stale += [run.metrics, run.root / "checkpoints"]
     if any(p.exists() for p in stale):
-        log.info("clearing the previous run's outputs in %s", run.root)
+        log.info("clearing the previous run's %s in %s", ", ".join(p.name for p in stale if p.exists()), run.root)
     for p in stale:
         if p.is_dir():
             shutil.rmtree(p)

@@ -138,6 +138,18 @@ class LossConfig(Section):
         return self
 
 
+class CheckpointConfig(Section):
+    interval: int | None = Field(
+        None, ge=1, description="write checkpoints/step_N/trainer/ every N steps; unset: never"
+    )
+    keep_last: int | None = Field(None, ge=1, description="delete all but the newest N checkpoints; unset: keep all")
+
+
+class ResumeConfig(Section):
+    # `--resume` alone gives ResumeConfig() (the latest checkpoint); `--resume.step N` picks step N.
+    step: int | None = Field(None, ge=1, description="the checkpoint to resume from; unset: the latest")
+
+
 class ParallelConfig(Section):
     # Data-parallel ranks (torchrun; gloo on CPU, NCCL on GPU), each on its share of every batch.
     dp: int = Field(1, ge=1)
@@ -157,6 +169,7 @@ class TrainerConfig(Section):
     # without a GPU leaves one core per worker to vLLM (sharing a core with its worker is ~4x slower).
     num_threads: int | None = Field(None, ge=1)
     parallel: ParallelConfig = ParallelConfig()
+    ckpt: CheckpointConfig = CheckpointConfig()
 
 
 class SamplingConfig(Section):
@@ -252,6 +265,7 @@ class RLConfig(SharedConfig):
     trainer: TrainerConfig = TrainerConfig()
     orchestrator: OrchestratorConfig = OrchestratorConfig()
     inference: InferenceConfig = InferenceConfig()
+    resume: ResumeConfig | None = Field(None, description="continue from a checkpoint in this run folder")
     dry_run: bool = Field(False, exclude=True, description="write configs and commands, start nothing")
 
     @model_validator(mode="after")
@@ -307,18 +321,6 @@ class SFTDataConfig(Section):
 
 class SFTEvalConfig(Section):
     interval: int = Field(100, ge=1, description="eval loss every N steps and after the last (with eval data)")
-
-
-class CheckpointConfig(Section):
-    interval: int | None = Field(
-        None, ge=1, description="write checkpoints/step_N/trainer/ every N steps; unset: never"
-    )
-    keep_last: int | None = Field(None, ge=1, description="delete all but the newest N checkpoints; unset: keep all")
-
-
-class ResumeConfig(Section):
-    # `--resume` alone gives ResumeConfig() (the latest checkpoint); `--resume.step N` picks step N.
-    step: int | None = Field(None, ge=1, description="the checkpoint to resume from; unset: the latest")
 
 
 class SFTConfig(SharedConfig):

@@ -12,11 +12,11 @@ from lorarl.config.models import RLConfig
 from lorarl.inference.server import vllm_command, vllm_env
 from lorarl.run_folder import RunFolder
 
-_SHARED = {"max_steps", "seq_len", "output_dir", "run_name", "seed", "monitor"}
+_SHARED = {"max_steps", "seq_len", "output_dir", "run_name", "seed", "monitor", "resume"}
 # The sections each process reads; `trainer @ configs/trainer.json` reproduces that process alone.
 _SECTIONS = {
     "trainer": {"model", "trainer"} | _SHARED,
-    "orchestrator": {"model", "orchestrator", "inference"} | _SHARED,
+    "orchestrator": {"model", "orchestrator", "inference", "trainer"} | _SHARED,  # trainer.ckpt: when to checkpoint
     "inference": {"model", "inference", "orchestrator"} | _SHARED,
 }
 

@@ -19,8 +19,9 @@ PlayRewards = Callable[[Environment, Example, int], Awaitable[list[float]]]
 
 
 class Evaluator:
-    def __init__(self, cfg: EvalConfig, envs: list[Environment], max_steps: int) -> None:
-        self.cfg, self.max_steps = cfg, max_steps
+    def __init__(self, cfg: EvalConfig, envs: list[Environment], max_steps: int, done_through: int = -1) -> None:
+        # done_through: versions up to this one were evaluated before a resume.
+        self.cfg, self.max_steps, self.done_through = cfg, max_steps, done_through
         # The same held-out examples at every eval, so curves compare like with like.
         self.sets = [(env, list(islice(env.eval_examples(random.Random(cfg.seed)), cfg.num_examples))) for env in envs]
         self._done: set[int] = set()
@@ -28,7 +29,7 @@ class Evaluator:
     def due(self, version: int) -> bool:
         """Versions 0 (the starting policy), every `interval`, and the last one are evaluated."""
         wanted = version % self.cfg.interval == 0 or version == self.max_steps
-        return wanted and version not in self._done
+        return wanted and version > self.done_through and version not in self._done
 
     async def run(self, version: int, play: PlayRewards) -> dict[str, float]:
         self._done.add(version)

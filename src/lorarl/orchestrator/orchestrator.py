@@ -13,12 +13,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import random
 import statistics
 import time
 from collections import defaultdict
 from dataclasses import dataclass
 from itertools import islice
+from pathlib import Path
+from typing import Any
 
 from transformers import AutoTokenizer
 
@@ -32,8 +33,10 @@ from lorarl.orchestrator.envs import load_environment
 from lorarl.orchestrator.envs.base import Environment, Example
 from lorarl.orchestrator.episodes import EpisodeRunner, PlayedEpisode
 from lorarl.orchestrator.evals import Evaluator
+from lorarl.orchestrator.sampler import ExampleSampler
 from lorarl.rollouts import Rollout, RolloutBatch
-from lorarl.run_folder import RunFolder
+from lorarl.run_folder import RunFolder, write_folder_atomically
+from lorarl.trainer.checkpoint import checkpoint_steps
 
 log = logging.getLogger("lorarl.orchestrator")
 
@@ -53,11 +56,15 @@ async def orchestrate(cfg: RLConfig) -> None:
     run = RunFolder(cfg.run_dir).create()
     metrics = MetricsLogger(run.metrics, "orchestrator", cfg.monitor, cfg.run_name)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.name)
-    rng = random.Random(ocfg.seed)
     envs = [load_environment(e.id, e.args) for e in ocfg.env]
-    streams = [env.examples(random.Random(rng.random())) for env in envs]
-    weights = [e.weight for e in ocfg.env]
+    sampler = ExampleSampler(envs, [e.weight for e in ocfg.env], ocfg.seed)
     groups_per_step = ocfg.batch_size // ocfg.rollouts_per_example
+    step = 1
+    if cfg.resume is not None:  # continue after the trainer's checkpoint, with the same examples
+        resumed = cfg.resume.step or checkpoint_steps(run.root)[-1]
+        sampler.load_state_dict(json.loads((orchestrator_checkpoint(run, resumed) / "state.json").read_text()))
+        step = resumed + 1
+        log.info("resuming at step %d", step)
 
     pool = WorkerPool(worker_urls(cfg))
     runner = EpisodeRunner(pool, tokenizer, ocfg.sampling, cfg.seq_len)
@@ -74,7 +81,8 @@ async def orchestrate(cfg: RLConfig) -> None:
         scores = list(await asyncio.gather(*(env.score(e.episode) for e in episodes)))
         return Group(env, version, episodes, scores)
 
-    evaluator = Evaluator(ocfg.eval, envs, cfg.max_steps) if ocfg.eval else None
+    evaluated_before = step - 1 if cfg.resume else -1  # a resumed run evaluated its versions so far
+    evaluator = Evaluator(ocfg.eval, envs, cfg.max_steps, evaluated_before) if ocfg.eval else None
     eval_metrics = MetricsLogger(run.metrics, "eval", cfg.monitor, cfg.run_name) if ocfg.eval else None
     eval_tasks: set[asyncio.Task[None]] = set()
 
@@ -94,8 +102,10 @@ async def orchestrate(cfg: RLConfig) -> None:
 
     in_flight: dict[asyncio.Task[Group], int] = {}  # task -> the step it is for
     finished: dict[int, list[Group]] = defaultdict(list)
-    launched = 0  # groups launched so far; group i is for step i // groups_per_step + 1
-    step = 1
+    launched = (step - 1) * groups_per_step  # groups launched; group i is for step i // groups_per_step + 1
+    # The sampler's state once the last group of a step was drawn: a checkpoint of that step saves it.
+    sampler_states: dict[int, dict[str, Any]] = {}
+    ckpt_interval = cfg.trainer.ckpt.interval
     waited = 0.0  # time with nothing to do but wait for a newer policy, since the last batch
     idle_since = time.monotonic()
     t_step, busy_at_step = time.perf_counter(), pool.busy_seconds()
@@ -107,15 +117,18 @@ async def orchestrate(cfg: RLConfig) -> None:
             while (target := launched // groups_per_step + 1) <= cfg.max_steps and (
                 watcher.version is not None and watcher.version >= target - 1 - ocfg.max_async_level
             ):
-                i = rng.choices(range(len(envs)), weights)[0]
-                group = play_group(envs[i], next(streams[i]), ocfg.rollouts_per_example)
-                in_flight[asyncio.create_task(group)] = target
+                env, example = sampler.draw()
+                in_flight[asyncio.create_task(play_group(env, example, ocfg.rollouts_per_example))] = target
                 launched += 1
+                if ckpt_interval is not None and target % ckpt_interval == 0 and launched % groups_per_step == 0:
+                    sampler_states[target] = sampler.state_dict()
 
             if len(finished[step]) == groups_per_step:
                 groups = finished.pop(step)
                 rollouts = to_rollouts(groups, ocfg.advantage.std_normalize, ocfg.sampling.temperature)
                 RolloutBatch(step, rollouts).write(run.rollouts(step))
+                if step in sampler_states:
+                    save_orchestrator_checkpoint(run, step, sampler_states.pop(step))
                 write_samples(run, step, groups, ocfg.num_samples_to_log)
                 now, busy = time.perf_counter(), pool.busy_seconds()
                 metrics.log(step, batch_metrics(groups, step) | {
@@ -159,6 +172,17 @@ async def orchestrate(cfg: RLConfig) -> None:
         metrics.close()
         if eval_metrics is not None:
             eval_metrics.close()
+
+
+def orchestrator_checkpoint(run: RunFolder, step: int) -> Path:
+    """Beside the trainer's checkpoint of the same step: the examples drawn up to that batch."""
+    return run.root / "checkpoints" / f"step_{step}" / "orchestrator"
+
+
+def save_orchestrator_checkpoint(run: RunFolder, step: int, sampler_state: dict[str, Any]) -> None:
+    folder = orchestrator_checkpoint(run, step)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    write_folder_atomically(folder, lambda d: (d / "state.json").write_text(json.dumps(sampler_state)))
 
 
 def no_new_policy(run: RunFolder, timeout: float) -> TimeoutError:

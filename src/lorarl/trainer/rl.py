@@ -19,6 +19,7 @@ from lorarl.rollouts import RolloutBatch
 from lorarl.run_folder import RunFolder
 from lorarl.trainer.batching import TrainSample, micro_batches
 from lorarl.trainer.broadcast import write_adapter
+from lorarl.trainer.checkpoint import discard_after, load_checkpoint, save_checkpoint
 from lorarl.trainer.distributed import init_data_parallel
 from lorarl.trainer.loss import LossNorm, micro_batch_loss
 from lorarl.trainer.model import (
@@ -62,11 +63,17 @@ def train(cfg: RLConfig) -> None:
     optimizer = build_optimizer(model, cfg.trainer.optim)
     scheduler = build_scheduler(optimizer, cfg.trainer.scheduler, cfg.max_steps)
 
+    start = 0
+    if cfg.resume is not None:
+        start = load_checkpoint(run.root, cfg.resume.step, model, optimizer, scheduler)["step"]
+        if dp.is_main:
+            discard_after(run.root, start, run.metrics)
     if dp.is_main:
-        write_adapter(model, run.broadcast(0))
-        log.info("wrote the starting adapter to %s", run.broadcast(0))
+        # The policy the orchestrator starts from: version `start` (0, or the checkpoint's step).
+        write_adapter(model, run.broadcast(start))
+        log.info("wrote the starting adapter to %s", run.broadcast(start))
 
-    for step in range(1, cfg.max_steps + 1):
+    for step in range(start + 1, cfg.max_steps + 1):
         t0 = time.perf_counter()
         batch = wait_for_batch(run.rollouts(step), step, cfg.trainer.batch_timeout)
         t_batch = time.perf_counter()
@@ -111,6 +118,10 @@ def train(cfg: RLConfig) -> None:
 
         if dp.is_main:
             write_adapter(model, run.broadcast(step))
+        t_broadcast = time.perf_counter()
+        ckpt = cfg.trainer.ckpt
+        if dp.is_main and ckpt.interval is not None and step % ckpt.interval == 0:
+            save_checkpoint(run.root, step, model, optimizer, scheduler, {}, ckpt.keep_last)
         t_end = time.perf_counter()
 
         lags = [step - 1 - r.policy_version for r in batch.rollouts]
@@ -129,7 +140,8 @@ def train(cfg: RLConfig) -> None:
                 "time/wait_for_batch": t_batch - t0,
                 "time/forward_backward": t_backward - t_batch,
                 "time/optimizer": t_optim - t_backward,
-                "time/broadcast": t_end - t_optim,
+                "time/broadcast": t_broadcast - t_optim,
+                "time/checkpoint": t_end - t_broadcast,
                 "time/step": t_end - t0,
             },
         )
