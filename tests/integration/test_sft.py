@@ -47,6 +47,7 @@ def test_sft_adapter_starts_an_rl_run(tiny_model: Path, vllm_server: str, tmp_pa
 
     cfg = rl_config(tiny_model, tmp_path, "from-sft", max_steps=1, **{"inference.urls": [vllm_server]})
     cfg["model"]["lora"]["init_adapter"] = str(adapter)
+    cfg["orchestrator"]["delete_old_broadcasts"] = False  # step_0 is compared below
     rl = run_rl(write_config(cfg, tmp_path / "rl.json"))
     assert rl.returncode == 0, rl.stderr[-3000:]
     # The policy the run starts from (broadcasts/step_0) is the SFT adapter, weight for weight.

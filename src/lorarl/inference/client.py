@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json as json_lib
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,9 @@ import aiohttp
 # The server closes idle keep-alive connections after 5 s: a request racing that close fails with
 # a disconnect, and is safe to send again.
 _RETRYABLE = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
+
+
+log = logging.getLogger("lorarl.inference")
 
 
 class InferenceError(RuntimeError):
@@ -91,7 +95,14 @@ class InferenceClient:
         return list((await self._json("GET", "/v1/models"))["data"])
 
     async def load_adapter(self, name: str, path: str) -> None:
-        status, text = await self._request("POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})
+        body = {"lora_name": name, "lora_path": path}
+        status, text = await self._request("POST", "/v1/load_lora_adapter", body)
+        if status == 400 and "already been loaded" in text:
+            # Left on a shared server by an earlier run of the same name (or before a resume):
+            # replace it, never sample with its weights.
+            log.warning("%s already serves an adapter named %s; replacing it with %s", self.base_url, name, path)
+            await self.unload_adapter(name)
+            status, text = await self._request("POST", "/v1/load_lora_adapter", body)
         if status != 200:
             raise InferenceError(f"loading adapter {name} from {path} into {self.base_url}: {status} {text[:300]}")
 
