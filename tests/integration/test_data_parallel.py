@@ -59,3 +59,35 @@ def test_two_ranks_train_the_same_adapter_as_one(tiny_model: Path, tmp_path: Pat
     # ranks that did not sum their gradients would disagree almost everywhere.
     differ = sum(int((~torch.isclose(double[k], single[k], rtol=1e-5, atol=1e-6)).sum()) for k in single)
     assert differ <= 0.001 * sum(t.numel() for t in single.values()), differ
+
+
+def sft_final(tiny_model: Path, out: Path, data: Path, dp: int) -> dict[str, torch.Tensor]:
+    cfg = {
+        "max_steps": 3, "seq_len": 64, "output_dir": str(out), "run_name": f"sft-dp{dp}", "batch_size": 6,
+        "micro_batch_size": 2, "model": {"name": str(tiny_model), "lora": {"rank": 8, "alpha": 16}},
+        "data": {"path": str(data), "eval_fraction": 0.25}, "eval": {"interval": 3}, "optim": {"lr": 1e-2},
+        "parallel": {"dp": dp}, "monitor": {"console": False},
+    }  # fmt: skip
+    config = write_config(cfg, out / f"sft-dp{dp}.json")
+    # `sft` starts itself under torchrun when parallel.dp > 1.
+    result = subprocess.run([sys.executable, "-m", "lorarl.cli.sft", "@", str(config)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return load_file(out / f"sft-dp{dp}" / "final" / "adapter_model.safetensors")
+
+
+def test_sft_with_two_ranks_trains_the_same_adapter_as_one(tiny_model: Path, tmp_path: Path) -> None:
+    import json
+
+    words = ["apple", "stone", "river", "cloud", "green", "paper", "table", "water", "bread", "chair", "dream"]
+    data = tmp_path / "chat.jsonl"
+    data.write_text("".join(
+        json.dumps({"messages": [{"role": "user", "content": w}, {"role": "assistant", "content": w[::-1]}]}) + "\n"
+        for w in words
+    ))  # fmt: skip
+    single, double = (sft_final(tiny_model, tmp_path, data, dp) for dp in (1, 2))
+    differ = sum(int((~torch.isclose(double[k], single[k], rtol=1e-5, atol=1e-6)).sum()) for k in single)
+    assert differ <= 0.001 * sum(t.numel() for t in single.values()), differ
+    rows = {dp: (tmp_path / f"sft-dp{dp}" / "metrics.jsonl").read_text().splitlines() for dp in (1, 2)}
+    assert len(rows[2]) == len(rows[1])  # rank 0 alone logs
+    last = {dp: json.loads(rows[dp][-1]) for dp in (1, 2)}
+    assert abs(last[2]["eval/loss"] - last[1]["eval/loss"]) < 1e-3

@@ -6,6 +6,7 @@ import torch
 from lorarl.config.models import LossConfig
 from lorarl.trainer.batching import TrainSample, micro_batches
 from lorarl.trainer.loss import LossNorm, policy_loss, token_logprobs, token_logprobs_and_entropy
+from lorarl.trainer.packing import collate_packed
 
 # Three samples of three completion tokens and one with no loss token (all-False mask). Token ratios
 # exp(new - old): e^0.5, e^-0.1, 1 | e^-0.7, 1, (e^1, no loss) | e^0.1, e^0.05, e^-0.05 | (none).
@@ -104,6 +105,43 @@ def test_policy_loss_and_its_gradient_match_a_direct_computation(level, mode, no
     if kl_coef:
         k3 = [math.exp(r - n) - (r - n) - 1 for r, n in on_loss_tokens(REF, NEW)]
         assert math.isclose(stats["kl_to_base"].item(), sum(k3) / len(k3), rel_tol=1e-6)
+
+
+@pytest.mark.parametrize(("level", "mode", "norm", "kl_coef"), VARIANTS)
+def test_packed_rows_give_the_padded_loss_gradient_and_stats(level, mode, norm, kl_coef) -> None:
+    """The per-sample sums (sequence ratio, sequence norm) group a packed row's tokens by sample."""
+    cfg = LossConfig(ratio_level=level, ratio_mode=mode, ratio_low=LOW, ratio_high=HIGH, norm=norm,
+                     norm_constant=40.0 if norm == "constant" else None, kl_coef=kl_coef)  # fmt: skip
+    samples = samples_with(OLD, MASK, ADV)
+    norm_ = LossNorm.for_step(cfg, samples)
+    padded = next(micro_batches(samples, size=len(samples), pad_id=0))
+    # Rows of 12 and 4 tokens: the second is padded, and the sample without loss tokens shares a row.
+    rows = [[0, 1, 3], [2]]
+    packed = collate_packed([[samples[i] for i in row] for row in rows], pad_id=0, temperature=1.0)
+    assert packed.sample_index.tolist() == [[0] * 3 + [1] * 4 + [2] * 4, [3] * 3 + [3] * 8]
+
+    def packed_like(table: list[list[float]]) -> torch.Tensor:
+        # Sample i's target t sits at its row's offset + t. Where no sample's target is (a sample's
+        # first token, the padding) a value that would show if it leaked into the loss.
+        out = torch.full(packed.loss_mask.shape, 5.0, dtype=torch.float64)
+        for r, row in enumerate(rows):
+            for k, i in enumerate(row):
+                out[r, 4 * k : 4 * k + 3] = torch.tensor(table[i], dtype=torch.float64)
+        return out
+
+    new = torch.tensor(NEW, dtype=torch.float64, requires_grad=True)
+    new_packed = packed_like(NEW).requires_grad_()
+    ref, ref_packed = (torch.tensor(REF, dtype=torch.float64), packed_like(REF)) if kl_coef else (None, None)
+    loss, stats = policy_loss(new, padded, cfg, norm_, ref)
+    packed_loss, packed_stats = policy_loss(new_packed, packed, cfg, norm_, ref_packed)
+    assert math.isclose(packed_loss.item(), loss.item(), rel_tol=1e-12)
+    assert stats.keys() == packed_stats.keys()
+    for k, v in stats.items():
+        assert math.isclose(packed_stats[k].item(), v.item(), rel_tol=1e-12), k
+    loss.backward()
+    packed_loss.backward()
+    assert new.grad is not None and new_packed.grad is not None
+    torch.testing.assert_close(new_packed.grad, packed_like(new.grad.tolist()).where(packed.loss_mask, 0.0))
 
 
 def test_ratio_stats_are_of_the_ratio_the_loss_uses() -> None:

@@ -1,8 +1,10 @@
 """The loss on the tiny Qwen3 model with a LoRA adapter: the KL penalty to the base model (the same
-weights with the adapter disabled), gradient checkpointing, and the RL trainer's steps."""
+weights with the adapter disabled), gradient checkpointing, packed rows against padded ones, and the
+RL trainer's steps."""
 
 import json
 import math
+import random
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,8 @@ from lorarl.tiny_model import build_model, build_tokenizer
 from lorarl.trainer.batching import TrainSample, micro_batches
 from lorarl.trainer.loss import LossNorm, micro_batch_loss, policy_loss, token_logprobs
 from lorarl.trainer.model import apply_lora, enable_gradient_checkpointing
-from lorarl.trainer.rl import train
+from lorarl.trainer.packing import PackedBatch
+from lorarl.trainer.rl import forward_backward, forward_batches, train
 
 TEMPERATURE = 0.8
 
@@ -123,6 +126,97 @@ def test_gradient_checkpointing_gives_the_same_loss_and_gradients() -> None:
         assert torch.allclose(g, grads_ckpt[name], rtol=1e-5, atol=1e-7), name
 
 
+VARIANTS = [
+    {"ratio_level": level, "ratio_mode": mode, "norm": norm, "kl_coef": kl}
+    for level in ("token", "sequence")
+    for mode in ("clip", "mask")
+    for norm in ("token", "sequence", "constant")
+    for kl in (0.0, 0.3)
+]
+SEQ_LEN = 32
+
+
+def varied_samples(model: torch.nn.Module) -> list[TrainSample]:
+    """Samples of 4 to 40 tokens at two temperatures: multi-turn loss masks (an environment reply in
+    the middle), one sample without a loss token, one longer than SEQ_LEN (a last environment reply
+    overran it). Sampler logprobs are the policy's own plus noise, so that some token ratios fall
+    outside the trust region and some inside."""
+    rng = random.Random(0)
+    samples = []
+    for i, length in enumerate([4, 7, 9, 12, 15, 16, 18, 21, 25, 40]):
+        prompt = rng.randint(1, 3)
+        mask = [False] * prompt + [rng.random() < 0.8 for _ in range(length - prompt)]
+        if i == 3:
+            mask = [False] * length
+        if i == 9:
+            mask[30:] = [False] * 10
+        samples.append(TrainSample([rng.randrange(3, 250) for _ in range(length)], mask, [0.0] * length,
+                                   advantage=rng.uniform(-1, 1), temperature=(0.7, 1.2)[i % 2]))  # fmt: skip
+    with torch.no_grad():
+        for s in samples:
+            policy = token_logprobs(model, next(micro_batches([s], size=1, pad_id=0)))[0].tolist()
+            s.old_logprobs = [0.0, *(p + rng.gauss(0, 0.25) for p in policy)]
+    return samples
+
+
+def step_loss_stats_and_grads(
+    model: torch.nn.Module, samples: list[TrainSample], cfg: RLConfig
+) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
+    """The RL trainer's forward/backward of one step."""
+    model.zero_grad(set_to_none=True)
+    loss_tokens = sum(sum(s.loss_mask) for s in samples)
+    norm = LossNorm.for_step(cfg.trainer.loss, samples)
+    shares = forward_backward(model, samples, cfg, norm, loss_tokens, pad_id=0, device=torch.device("cpu"))
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return shares, grads
+
+
+@pytest.mark.parametrize("loss", VARIANTS, ids=lambda v: "-".join(str(x) for x in v.values()))
+def test_packed_rows_give_the_loss_gradients_and_stats_of_padded_rows(loss: dict) -> None:
+    model = trained_adapter(tiny_qwen3())
+    samples = varied_samples(model)
+
+    def config(packing: bool) -> RLConfig:
+        return RLConfig(model={"name": "tiny"}, seq_len=SEQ_LEN, trainer={"micro_batch_size": 2, "packing": packing,
+                        "loss": loss | {"norm_constant": 200.0 if loss["norm"] == "constant" else None}})  # fmt: skip
+
+    packed = list(forward_batches(samples, config(True), pad_id=0))
+    assert all(isinstance(b, PackedBatch) for b in packed)
+    # Both temperatures, rows of several samples, the long sample in a row of its own.
+    assert {b.temperature for b in packed} == {0.7, 1.2}
+    assert sum(b.num_samples for b in packed) == len(samples) > sum(b.input_ids.shape[0] for b in packed)
+    assert max(b.input_ids.shape[1] for b in packed) == 40
+
+    unpacked_stats, unpacked_grads = step_loss_stats_and_grads(model, samples, config(False))
+    packed_stats, packed_grads = step_loss_stats_and_grads(model, samples, config(True))
+    if loss["ratio_level"] == "token":
+        assert 0.05 < unpacked_stats["ratio/out_of_range_frac"] < 0.95
+    assert ("kl_to_base" in packed_stats) == (loss["kl_coef"] > 0)
+    assert packed_stats.keys() == unpacked_stats.keys()
+    for key, value in unpacked_stats.items():
+        assert packed_stats[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
+    assert packed_grads.keys() == unpacked_grads.keys() and len(packed_grads) == 2 * 2 * 7
+    for name, g in unpacked_grads.items():
+        assert g.abs().sum() > 0, name
+        torch.testing.assert_close(packed_grads[name], g, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def rollouts_for(step: int) -> list[Rollout]:
+    return [
+        Rollout(
+            prompt_ids=s.input_ids[:3],
+            completion_ids=s.input_ids[3:],
+            completion_logprobs=s.old_logprobs[3:],
+            completion_mask=s.loss_mask[3:],
+            advantage=s.advantage,
+            reward=0.0,
+            policy_version=step - 1,
+            temperature=s.temperature,
+        )
+        for s in rollout_samples()
+    ]
+
+
 @pytest.mark.parametrize(
     "loss",
     [
@@ -131,32 +225,37 @@ def test_gradient_checkpointing_gives_the_same_loss_and_gradients() -> None:
     ],
 )
 def test_trainer_steps_on_written_rollouts_log_the_loss_metrics(tiny_model: Path, tmp_path: Path, loss: dict) -> None:
-    """The RL trainer loop (no vLLM: the rollout batches are written by hand), with checkpointing."""
-    cfg = RLConfig(model={"name": str(tiny_model)}, max_steps=2, output_dir=tmp_path, monitor={"console": False},
-                   trainer={"micro_batch_size": 2, "gradient_checkpointing": True, "loss": loss})  # fmt: skip
-    run = RunFolder(cfg.run_dir).create()
-    for step in (1, 2):
-        rollouts = [
-            Rollout(
-                prompt_ids=s.input_ids[:3],
-                completion_ids=s.input_ids[3:],
-                completion_logprobs=s.old_logprobs[3:],
-                completion_mask=s.loss_mask[3:],
-                advantage=s.advantage,
-                reward=0.0,
-                policy_version=step - 1,
-                temperature=s.temperature,
-            )
-            for s in rollout_samples()
-        ]
-        RolloutBatch(step, rollouts).write(run.rollouts(step))
-    train(cfg)
-    rows = [json.loads(line) for line in run.metrics.read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2]
-    for row in rows:
-        assert row["entropy"] > 0 and row["memory/peak_gib"] > 0 and math.isfinite(row["loss"])
-        assert ("kl_to_base" in row) == ("kl_coef" in loss)
-    assert (run.broadcast(2) / "adapter_model.safetensors").is_file()
+    """The RL trainer loop (no vLLM: the rollout batches are written by hand), with checkpointing,
+    with packing and without: the same metrics and adapters."""
+    runs = {}
+    for packing in (True, False):
+        # Packed, the three samples (34 tokens) share one row of one forward pass; padded, two passes.
+        trainer = {"micro_batch_size": 3 if packing else 2, "gradient_checkpointing": True, "packing": packing}
+        cfg = RLConfig(model={"name": str(tiny_model)}, max_steps=2, output_dir=tmp_path, run_name=f"packing-{packing}",
+                       monitor={"console": False}, trainer=trainer | {"loss": loss})  # fmt: skip
+        rows_per_pass = [b.input_ids.shape[0] for b in forward_batches(rollout_samples(), cfg, pad_id=0)]
+        assert rows_per_pass == ([1] if packing else [2, 1])
+        run = RunFolder(cfg.run_dir).create()
+        for step in (1, 2):
+            RolloutBatch(step, rollouts_for(step)).write(run.rollouts(step))
+        train(cfg)
+        rows = [json.loads(line) for line in run.metrics.read_text().splitlines()]
+        assert [r["step"] for r in rows] == [1, 2]
+        for row in rows:
+            assert row["entropy"] > 0 and row["memory/peak_gib"] > 0 and math.isfinite(row["loss"])
+            assert ("kl_to_base" in row) == ("kl_coef" in loss)
+        assert (run.broadcast(2) / "adapter_model.safetensors").is_file()
+        runs[packing] = run, rows
+
+    (packed_run, packed_rows), (run, rows) = runs[True], runs[False]
+    for packed_row, row in zip(packed_rows, rows, strict=True):
+        for key in ("loss", "grad_norm", "entropy", "ratio/mean", "mismatch/logprob_abs_diff", "kl_to_base"):
+            if key in row:
+                assert packed_row[key] == pytest.approx(row[key], rel=1e-5, abs=1e-7), key
+    a = load_file(run.broadcast(2) / "adapter_model.safetensors")
+    b = load_file(packed_run.broadcast(2) / "adapter_model.safetensors")
+    for key in a:
+        torch.testing.assert_close(b[key], a[key], rtol=1e-4, atol=1e-6)
 
 
 def test_a_resumed_run_trains_the_same_adapter_as_an_uninterrupted_one(tiny_model: Path, tmp_path: Path) -> None:

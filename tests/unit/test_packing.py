@@ -52,6 +52,8 @@ def test_collate_restarts_positions_and_masks_sample_starts() -> None:
     assert batch.loss_mask.tolist() == [[True, True, False, True], [True, False, False, False]]
     assert torch.allclose(batch.old_logprobs, torch.tensor([[-0.2, -0.3, 0.0, -0.5], [-0.7, 0, 0, 0]]))
     assert batch.token_advantages.tolist() == [[2.0, 2.0, -1.0, -1.0], [0.5, 0.0, 0.0, 0.0]]
+    # Each target's sample, numbered across the batch; the padding counts with its row's last sample.
+    assert batch.sample_index.tolist() == [[0, 0, 1, 1], [2, 2, 2, 2]]
     assert batch.temperature == 0.7 and batch.num_samples == 3
     mask = batch.attention_mask("sdpa", torch.float32)
     assert mask is not None and mask.shape == (2, 1, 5, 5)

@@ -159,7 +159,11 @@ class TrainerConfig(Section):
     optim: OptimConfig = OptimConfig()
     scheduler: SchedulerConfig = SchedulerConfig()
     loss: LossConfig = LossConfig()
-    micro_batch_size: int = Field(16, ge=1, description="samples per forward/backward pass")
+    micro_batch_size: int = Field(
+        16, ge=1, description="per forward/backward: samples, or with packing rows of up to seq_len tokens"
+    )
+    # Several samples per row, each attending only to itself: the same loss and gradients, less padding.
+    packing: bool = Field(True, description="pack samples into rows of seq_len tokens, without cross-sample attention")
     # Seconds to wait for a rollout batch before giving up (the orchestrator may have died).
     batch_timeout: float = Field(1800.0, gt=0)
     # Recompute each layer's activations in the backward pass: far less activation memory, for one
@@ -335,5 +339,6 @@ class SFTConfig(SharedConfig):
     packing: bool = Field(True, description="pack samples into rows of seq_len tokens, without cross-sample attention")
     log_interval: int = Field(10, ge=1)
     eval: SFTEvalConfig = SFTEvalConfig()
+    parallel: ParallelConfig = ParallelConfig()
     ckpt: CheckpointConfig = CheckpointConfig()
     resume: ResumeConfig | None = Field(None, description="continue from a checkpoint in this run folder")

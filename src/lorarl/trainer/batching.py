@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -22,6 +23,9 @@ class TrainSample:
 
 @dataclass
 class MicroBatch:
+    """Samples one per row, right-padded. `num_samples`, `sample_index`, `token_advantages` and
+    `forward_inputs` are what the loss reads of it and of a `PackedBatch` (packing.py) alike."""
+
     input_ids: torch.Tensor  # [B, T]
     attention_mask: torch.Tensor  # [B, T]
     # The rest are aligned with the *targets* input_ids[:, 1:]: [B, T-1].
@@ -35,6 +39,27 @@ class MicroBatch:
             self.input_ids.to(device), self.attention_mask.to(device), self.loss_mask.to(device),
             self.old_logprobs.to(device), self.advantages.to(device), self.temperature,
         )  # fmt: skip
+
+    @property
+    def num_samples(self) -> int:
+        return self.input_ids.shape[0]
+
+    @property
+    def sample_index(self) -> torch.Tensor:
+        """The sample of each target, [B, T-1]: its row."""
+        rows = torch.arange(self.num_samples, device=self.loss_mask.device)
+        return rows[:, None].expand_as(self.loss_mask)
+
+    @property
+    def token_advantages(self) -> torch.Tensor:
+        """The advantage of each target's sample: [B, T-1]."""
+        return self.advantages[:, None].expand_as(self.loss_mask)
+
+    def forward_inputs(self, model: torch.nn.Module) -> dict[str, Any]:
+        """Keyword arguments of `model(...)`. Padded rows need only their padding mask, whatever the
+        model; the argument is there for packed rows, whose mask depends on its attention implementation."""
+        # No KV cache: nothing is generated, and gradient checkpointing would switch it off with a warning.
+        return {"input_ids": self.input_ids, "attention_mask": self.attention_mask, "use_cache": False}
 
 
 def micro_batches(samples: Sequence[TrainSample], size: int, pad_id: int) -> Iterator[MicroBatch]:

@@ -15,13 +15,17 @@ The loss of one step, over its samples i and their loss tokens t (`[trainer.loss
   KL(pi_trainer || pi_base) used by GRPO; pi_base is the model with its adapter disabled.
 * w_i: 1 / loss tokens of the step ("token"); 1 / (loss tokens of sample i * samples of the step)
   ("sequence", GRPO); 1 / norm_constant ("constant", Dr. GRPO).
+
+A forward batch holds samples one per padded row (`MicroBatch`) or several per packed row
+(`PackedBatch`). The loss reads both the same way: per target token, its sample's number
+(`sample_index`) and advantage; sums over a sample's tokens are segment sums over that index.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import peft
 import torch
@@ -29,30 +33,43 @@ import torch
 from lorarl.config.models import LossConfig
 from lorarl.trainer.batching import MicroBatch, TrainSample
 
+if TYPE_CHECKING:
+    # For annotations only: packing.py imports this module, which computes its logprobs.
+    from lorarl.trainer.packing import PackedBatch
 
-def token_logprobs(model: torch.nn.Module, batch: MicroBatch) -> torch.Tensor:
-    """log p(input_ids[:, t+1] | input_ids[:, :t+1]) at the batch's temperature: [B, T-1]."""
-    return _gather_targets(_tempered_logprobs(model, batch), batch)
+
+def token_logprobs(model: torch.nn.Module, batch: MicroBatch | PackedBatch) -> torch.Tensor:
+    """log p(each target | its sample's tokens before it) at the batch's temperature: [rows, T-1]."""
+    logprobs, targets = _tempered_logprobs(model, batch)
+    return _gather(logprobs, targets)
 
 
-def token_logprobs_and_entropy(model: torch.nn.Module, batch: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
+def token_logprobs_and_entropy(
+    model: torch.nn.Module, batch: MicroBatch | PackedBatch
+) -> tuple[torch.Tensor, torch.Tensor]:
     """`token_logprobs`, and the entropy of each next-token distribution at the batch's temperature
-    (the distribution the sampler drew from), without gradient: [B, T-1] each."""
-    logprobs = _tempered_logprobs(model, batch)
+    (the distribution the sampler drew from), without gradient: [rows, T-1] each."""
+    logprobs, targets = _tempered_logprobs(model, batch)
     with torch.no_grad():
         entropy = -(logprobs.exp() * logprobs).sum(-1)
-    return _gather_targets(logprobs, batch), entropy
+    return _gather(logprobs, targets), entropy
 
 
-def _tempered_logprobs(model: torch.nn.Module, batch: MicroBatch) -> torch.Tensor:
-    # No KV cache: nothing is generated, and gradient checkpointing would switch it off with a warning.
-    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
-    logits = out.logits[:, :-1]
-    return torch.log_softmax(logits.float() / batch.temperature, dim=-1)
+def _tempered_logprobs(model: torch.nn.Module, batch: MicroBatch | PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Next-token log-distributions [rows, T-1, vocab] and the targets [rows, T-1]."""
+    inputs = batch.forward_inputs(model)
+    logits = model(**inputs).logits[:, :-1]
+    return torch.log_softmax(logits.float() / batch.temperature, dim=-1), inputs["input_ids"][:, 1:]
 
 
-def _gather_targets(logprobs: torch.Tensor, batch: MicroBatch) -> torch.Tensor:
-    return logprobs.gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1)
+def _gather(logprobs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return logprobs.gather(-1, targets[..., None]).squeeze(-1)
+
+
+def _per_sample_sum(values: torch.Tensor, batch: MicroBatch | PackedBatch) -> torch.Tensor:
+    """Sum of per-target `values` [rows, T-1] over each sample's targets: [num_samples]."""
+    total = values.new_zeros(batch.num_samples)
+    return total.index_add(0, batch.sample_index.reshape(-1), values.reshape(-1))
 
 
 @dataclass(frozen=True)
@@ -76,33 +93,34 @@ class LossNorm:
             return cls("sequence", max(1, sum(c > 0 for c in counts)))
         return cls("token", max(1, sum(counts)))
 
-    def sample_weights(self, loss_mask: torch.Tensor) -> torch.Tensor:
-        """w_i of each sample of a micro-batch, from its loss mask [B, T-1]: [B]."""
-        n = loss_mask.sum(-1).float()
+    def sample_weights(self, loss_tokens: torch.Tensor) -> torch.Tensor:
+        """w_i of each sample of a forward batch, from its loss tokens [num_samples]: [num_samples]."""
         if self.mode == "sequence":
             # A sample's tokens are averaged first: every sample weighs the same, whatever its length.
-            return 1.0 / (n.clamp(min=1) * self.denominator)
-        return torch.full_like(n, 1.0 / self.denominator)
+            return 1.0 / (loss_tokens.clamp(min=1) * self.denominator)
+        return torch.full_like(loss_tokens, 1.0 / self.denominator)
 
 
 def policy_loss(
     logprobs: torch.Tensor,
-    batch: MicroBatch,
+    batch: MicroBatch | PackedBatch,
     cfg: LossConfig,
     norm: LossNorm,
     ref_logprobs: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """This micro-batch's share of the step loss (module docstring), and its stats as means over its
-    loss tokens. With `ref_logprobs` (the base model's, [B, T-1]) the KL penalty is added."""
+    """This forward batch's share of the step loss (module docstring), and its stats as means over its
+    loss tokens. `logprobs` and `ref_logprobs` (the base model's: the KL penalty is added) are the
+    batch's per-target ones, [rows, T-1]."""
     mask = batch.loss_mask.float()
     # Zero off the loss tokens, where old_logprobs holds placeholders, so that exp() stays finite there.
     token_log_ratio = (logprobs - batch.old_logprobs) * mask
+    loss_tokens = _per_sample_sum(mask, batch)
     if cfg.ratio_level == "sequence":
-        mean_log_ratio = token_log_ratio.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)
-        ratio = torch.exp(mean_log_ratio).expand_as(token_log_ratio)
+        mean_log_ratio = _per_sample_sum(token_log_ratio, batch) / loss_tokens.clamp(min=1)
+        ratio = torch.exp(mean_log_ratio)[batch.sample_index]
     else:
         ratio = torch.exp(token_log_ratio)
-    adv = batch.advantages[:, None]
+    adv = batch.token_advantages
     low, high = 1.0 - cfg.ratio_low, 1.0 + cfg.ratio_high
     out_of_range = ((ratio < low) | (ratio > high)).float()
     if cfg.ratio_mode == "clip":
@@ -113,7 +131,7 @@ def policy_loss(
         d = (ref_logprobs - logprobs) * mask
         kl = torch.exp(d) - d - 1
         per_token = per_token + cfg.kl_coef * kl
-    weights = norm.sample_weights(batch.loss_mask)[:, None]
+    weights = norm.sample_weights(loss_tokens)[batch.sample_index]
     loss = (per_token * mask * weights).sum()
 
     with torch.no_grad():
@@ -133,10 +151,11 @@ def policy_loss(
 
 
 def micro_batch_loss(
-    model: peft.PeftModel, batch: MicroBatch, cfg: LossConfig, norm: LossNorm
+    model: peft.PeftModel, batch: MicroBatch | PackedBatch, cfg: LossConfig, norm: LossNorm
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Forward one micro-batch and return `policy_loss` with the policy's mean entropy added to the
-    stats. With kl_coef > 0 the base model scores the batch first, only then: it costs a forward pass."""
+    """Forward one batch, padded or packed, and return `policy_loss` with the policy's mean entropy
+    added to the stats. With kl_coef > 0 the base model scores the batch first, only then: it costs a
+    forward pass (of the same inputs and attention mask)."""
     ref_logprobs = None
     if cfg.kl_coef > 0:
         # The base model is the same weights with the adapter switched off: no second copy in memory.

@@ -2,10 +2,10 @@
 
 Each sample keeps its own position ids (restarting at 0) and attends only to its own earlier
 tokens, so a packed row computes exactly what the samples would compute one per row, without
-the padding. Made for both trainers: rows carry the per-token loss mask and sampler logprobs and
-each sample's advantage, like `MicroBatch` does for padded rows. `sft` uses it; the RL loss
-first needs its per-sample reductions (sequence-level ratios and norms) grouped by `sequence_ids`
-rather than by row.
+the padding. Made for both trainers (`sft` and `rl`, each with its `packing` option): rows carry
+the per-token loss mask and sampler logprobs, each sample's advantage on its tokens, and the
+batch-wide number of the sample each token belongs to (`sample_index`), by which the RL loss
+(loss.py) sums over a sample's tokens (sequence-level ratios and norms) as it does over a padded row.
 
 Attention boundaries, as checked against transformers 5.19: for "sdpa" and "eager" the forward
 pass gets an explicit 4D block-diagonal causal mask. transformers can also infer the boundaries
@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from lorarl.trainer.batching import TrainSample
+from lorarl.trainer.loss import token_logprobs
 
 # Attention implementations that take a custom 4D mask: a boolean one (True = attend) for sdpa,
 # an additive float one for eager.
@@ -49,8 +50,31 @@ class PackedBatch:
     loss_mask: torch.Tensor  # [R, L-1] bool
     old_logprobs: torch.Tensor  # [R, L-1]
     token_advantages: torch.Tensor  # [R, L-1]
+    # [R, L-1], the sample of each target numbered across the batch, row after row (0 to
+    # num_samples - 1); the padding, which carries no loss, counts with its row's last sample.
+    sample_index: torch.Tensor
     temperature: float
     num_samples: int
+
+    def to(self, device: torch.device) -> PackedBatch:
+        return PackedBatch(
+            self.input_ids.to(device), self.position_ids.to(device), self.sequence_ids.to(device),
+            self.loss_mask.to(device), self.old_logprobs.to(device), self.token_advantages.to(device),
+            self.sample_index.to(device), self.temperature, self.num_samples,
+        )  # fmt: skip
+
+    def forward_inputs(self, model: torch.nn.Module) -> dict[str, Any]:
+        """Keyword arguments of `model(...)`, on the model's device."""
+        device = model.get_input_embeddings().weight.device
+        dtype = model.get_input_embeddings().weight.dtype
+        mask = self.attention_mask(model.config._attn_implementation, dtype)
+        return {
+            "input_ids": self.input_ids.to(device),
+            "position_ids": self.position_ids.to(device),
+            "attention_mask": None if mask is None else mask.to(device),
+            # A cache would switch off transformers' packed-sequence handling (and is useless in training).
+            "use_cache": False,
+        }
 
     def attention_mask(self, attn_implementation: str, dtype: torch.dtype) -> torch.Tensor | None:
         """The [R, 1, L, L] block-diagonal causal mask the implementation takes, or None where the
@@ -141,6 +165,8 @@ def collate_packed(rows: Sequence[Sequence[TrainSample]], pad_id: int, temperatu
     loss_mask = torch.zeros(shape, dtype=torch.bool)
     old = torch.zeros(shape, dtype=torch.float32)
     advantages = torch.zeros(shape, dtype=torch.float32)
+    index = torch.zeros(shape, dtype=torch.long)
+    first = 0  # the batch-wide number of the row's first sample
     for r, row in enumerate(rows):
         start = 0
         for k, s in enumerate(row):
@@ -154,11 +180,14 @@ def collate_packed(rows: Sequence[Sequence[TrainSample]], pad_id: int, temperatu
             if s.old_logprobs is not None:
                 old[r, span] = torch.tensor(s.old_logprobs)
             advantages[r, span] = s.advantage
+            index[r, span] = first + k
             start += n
         # The padding is a sequence of its own: a query that may attend to nothing makes sdpa return
         # NaN, which the loss mask would not remove (NaN * 0 is NaN).
         positions[r, start:] = torch.arange(width - start)
         sequence[r, start:] = len(row)
+        index[r, start:] = first + len(row) - 1
+        first += len(row)
     return PackedBatch(
         input_ids=ids,
         position_ids=positions,
@@ -166,29 +195,12 @@ def collate_packed(rows: Sequence[Sequence[TrainSample]], pad_id: int, temperatu
         loss_mask=loss_mask[:, 1:],
         old_logprobs=old[:, 1:],
         token_advantages=advantages[:, 1:],
+        sample_index=index[:, 1:],
         temperature=temperature,
-        num_samples=sum(len(row) for row in rows),
+        num_samples=first,
     )
-
-
-def forward_inputs(model: torch.nn.Module, batch: PackedBatch) -> dict[str, Any]:
-    """Keyword arguments of `model(...)` for a packed batch."""
-    config = model.config
-    device = model.get_input_embeddings().weight.device
-    dtype = model.get_input_embeddings().weight.dtype
-    mask = batch.attention_mask(config._attn_implementation, dtype)
-    return {
-        "input_ids": batch.input_ids.to(device),
-        "position_ids": batch.position_ids.to(device),
-        "attention_mask": None if mask is None else mask.to(device),
-        # A cache would switch off transformers' packed-sequence handling (and is useless in training).
-        "use_cache": False,
-    }
 
 
 def packed_token_logprobs(model: torch.nn.Module, batch: PackedBatch) -> torch.Tensor:
     """log p(input_ids[:, t+1] | the sample's tokens up to t) at the batch's temperature: [R, L-1]."""
-    inputs = forward_inputs(model, batch)
-    logits = model(**inputs).logits[:, :-1]
-    logprobs = torch.log_softmax(logits.float() / batch.temperature, dim=-1)
-    return logprobs.gather(-1, inputs["input_ids"][:, 1:, None]).squeeze(-1)
+    return token_logprobs(model, batch)

@@ -3,21 +3,25 @@
 Step N: wait for rollouts/step_N, score every completion token under the current adapter,
 take one optimizer step on the importance-weighted policy-gradient loss, and write the adapter
 to broadcasts/step_N for the orchestrator to hot-load. broadcasts/step_0 is the starting adapter.
+The forward passes take `micro_batch_size` samples each, one per padded row, or with `packing`
+(the default) `micro_batch_size` rows of up to `seq_len` tokens, several samples to a row.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import peft
 import torch
 
 from lorarl.config.models import MonitorConfig, RLConfig
 from lorarl.monitor.metrics import MetricsLogger
 from lorarl.rollouts import RolloutBatch
 from lorarl.run_folder import RunFolder
-from lorarl.trainer.batching import TrainSample, micro_batches
+from lorarl.trainer.batching import MicroBatch, TrainSample, micro_batches
 from lorarl.trainer.broadcast import write_adapter
 from lorarl.trainer.checkpoint import discard_after, load_checkpoint, save_checkpoint
 from lorarl.trainer.distributed import init_data_parallel
@@ -31,6 +35,7 @@ from lorarl.trainer.model import (
     peak_memory_gib,
 )
 from lorarl.trainer.optim import build_optimizer, build_scheduler
+from lorarl.trainer.packing import PackedBatch, packed_micro_batches
 
 log = logging.getLogger("lorarl.trainer")
 
@@ -94,18 +99,9 @@ def train(cfg: RLConfig) -> None:
         # Fixed from the whole batch, so that the micro-batch losses add up to the step's loss.
         norm = LossNorm.for_step(cfg.trainer.loss, samples)
         model.train()
-        step_stats: dict[str, float] = {}
-        loss_sum = 0.0
-        for mb in micro_batches(dp.shard(samples), cfg.trainer.micro_batch_size, pad_id):
-            loss, stats = micro_batch_loss(model, mb.to(device), cfg.trainer.loss, norm)
-            loss.backward()
-            loss_sum += loss.item()
-            # Token-weighted average of the per-micro-batch stats.
-            weight = mb.loss_mask.sum().item() / total_loss_tokens
-            for k, v in stats.items():
-                step_stats[k] = step_stats.get(k, 0.0) + v.item() * weight
+        step_stats = forward_backward(model, dp.shard(samples), cfg, norm, total_loss_tokens, pad_id, device)
         dp.sum_gradients(trainable)
-        step_stats = dp.sum_values(step_stats | {"loss": loss_sum})
+        step_stats = dp.sum_values(step_stats)
         loss_sum = step_stats.pop("loss")
         t_backward = time.perf_counter()
 
@@ -151,6 +147,43 @@ def train(cfg: RLConfig) -> None:
         )  # fmt: skip
     metrics.close()
     dp.close()
+
+
+def forward_backward(
+    model: peft.PeftModel,
+    samples: Sequence[TrainSample],
+    cfg: RLConfig,
+    norm: LossNorm,
+    total_loss_tokens: int,
+    pad_id: int,
+    device: torch.device,
+) -> dict[str, float]:
+    """Accumulate the gradient of these samples' share of the step loss, one forward batch at a time.
+    Returns that share of the loss ("loss") and of each stat: the stats are means over loss tokens,
+    weighted by the batch's share of the step's `total_loss_tokens`, so that the shares of all
+    batches (and ranks) add up to the step's mean."""
+    shares: dict[str, float] = {"loss": 0.0}
+    for mb in forward_batches(samples, cfg, pad_id):
+        loss, stats = micro_batch_loss(model, mb.to(device), cfg.trainer.loss, norm)
+        loss.backward()
+        shares["loss"] += loss.item()
+        weight = mb.loss_mask.sum().item() / total_loss_tokens
+        for k, v in stats.items():
+            shares[k] = shares.get(k, 0.0) + v.item() * weight
+    return shares
+
+
+def forward_batches(
+    samples: Sequence[TrainSample], cfg: RLConfig, pad_id: int
+) -> Iterator[MicroBatch] | Iterator[PackedBatch]:
+    """`micro_batch_size` padded samples per forward pass, or with `packing` as many packed rows of up
+    to `seq_len` tokens (the same bound on tokens per pass). Either way grouped by temperature."""
+    if not cfg.trainer.packing:
+        return micro_batches(samples, cfg.trainer.micro_batch_size, pad_id)
+    # A multi-turn sample can outgrow seq_len: the episode ends on an environment reply that filled it
+    # (no loss tokens there, but still input). Such a sample gets a row of its own.
+    capacity = max(cfg.seq_len, max((len(s.input_ids) for s in samples), default=0))
+    return packed_micro_batches(samples, capacity, cfg.trainer.micro_batch_size, pad_id)
 
 
 def wait_for_batch(folder: Path, step: int, timeout: float, poll: float = 0.05) -> RolloutBatch:

@@ -14,18 +14,19 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from transformers import AutoTokenizer
 
-from lorarl.config.models import SFTConfig
+from lorarl.config.models import MonitorConfig, SFTConfig
 from lorarl.monitor.metrics import MetricsLogger
 from lorarl.run_folder import RunFolder
 from lorarl.trainer.batching import MicroBatch, TrainSample, micro_batches
 from lorarl.trainer.checkpoint import discard_after, load_checkpoint, save_checkpoint
+from lorarl.trainer.distributed import DataParallel, init_data_parallel
 from lorarl.trainer.loss import token_logprobs
 from lorarl.trainer.model import apply_lora, load_model, parameter_summary
 from lorarl.trainer.optim import build_optimizer, build_scheduler
@@ -36,6 +37,7 @@ log = logging.getLogger("lorarl.sft")
 
 
 def train(cfg: SFTConfig) -> Path:
+    dp = init_data_parallel()
     run = RunFolder(cfg.run_dir).create()
     torch.manual_seed(cfg.seed)
 
@@ -48,7 +50,9 @@ def train(cfg: SFTConfig) -> Path:
     model = load_model(cfg.model)
     if cfg.model.lora is not None:
         model = apply_lora(model, cfg.model.lora)
-    model.to(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    model.to(dp.device())
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    dp.sync_parameters(trainable)
     summary = parameter_summary(model)
     log.info("training %d of %d parameters (%s)", summary["params/trainable"], summary["params/total"],
              "LoRA" if cfg.model.lora else "full")  # fmt: skip
@@ -61,12 +65,15 @@ def train(cfg: SFTConfig) -> Path:
         state = load_checkpoint(run.root, cfg.resume.step, model, optimizer, scheduler)
         start = state["step"]
         order.load_state_dict(state["data"])
-        discard_after(run.root, start, run.metrics)
-    metrics = MetricsLogger(run.metrics, "sft", cfg.monitor, cfg.run_name)
+        if dp.is_main:
+            discard_after(run.root, start, run.metrics)
+    # Rank 0 alone logs and writes checkpoints and the result: every rank holds the same weights.
+    monitor = cfg.monitor if dp.is_main else MonitorConfig(jsonl=False, console=False)
+    metrics = MetricsLogger(run.metrics, "sft", monitor, cfg.run_name)
 
     progress = Progress(
         TextColumn("sft"), BarColumn(), TextColumn("{task.completed}/{task.total} {task.fields[info]}"),
-        TimeRemainingColumn(), disable=not cfg.monitor.console,
+        TimeRemainingColumn(), disable=not monitor.console,
     )  # fmt: skip
     eval_info = ""
     with progress:
@@ -75,10 +82,8 @@ def train(cfg: SFTConfig) -> Path:
             t0 = time.perf_counter()
             batch = [data.train[i] for i in order.take(cfg.batch_size)]
             model.train()
-            stats = forward_backward(model, batch, cfg, pad_id)
-            grad_norm = torch.nn.utils.clip_grad_norm_(
-                [p for p in model.parameters() if p.requires_grad], cfg.optim.max_norm
-            )
+            stats = forward_backward(model, batch, cfg, pad_id, dp)
+            grad_norm = torch.nn.utils.clip_grad_norm_(trainable, cfg.optim.max_norm)
             lr = scheduler.get_last_lr()[0]
             optimizer.step()
             scheduler.step()
@@ -92,20 +97,22 @@ def train(cfg: SFTConfig) -> Path:
                         "padding_frac": 1 - stats.tokens / stats.padded_tokens, "epoch": order.epoch,
                         "time/step": elapsed}  # fmt: skip
             if data.eval and (step % cfg.eval.interval == 0 or step == cfg.max_steps):
-                row["eval/loss"] = evaluate(model, data.eval, cfg, pad_id)
+                row["eval/loss"] = evaluate(model, data.eval, cfg, pad_id, dp)
                 eval_info = f" | eval {row['eval/loss']:.3f}"
             if row:
                 metrics.log(step, row)
-            if cfg.ckpt.interval is not None and step % cfg.ckpt.interval == 0:
+            if dp.is_main and cfg.ckpt.interval is not None and step % cfg.ckpt.interval == 0:
                 save_checkpoint(run.root, step, model, optimizer, scheduler, {"data": order.state_dict()},
                                 cfg.ckpt.keep_last)  # fmt: skip
             progress.update(task, advance=1, info=f"loss {stats.loss:.3f}{eval_info} | {tokens_per_s:,.0f} tok/s")
 
     final = run.root / "final"
-    model.save_pretrained(final)
-    tokenizer.save_pretrained(final)
+    if dp.is_main:
+        model.save_pretrained(final)
+        tokenizer.save_pretrained(final)
+        log.info("wrote %s", final)
     metrics.close()
-    log.info("wrote %s", final)
+    dp.close()
     return final
 
 
@@ -116,30 +123,35 @@ class StepStats:
     padded_tokens: int  # tokens of the forward passes, padding included
 
 
-def forward_backward(model: torch.nn.Module, batch: Sequence[TrainSample], cfg: SFTConfig, pad_id: int) -> StepStats:
-    """Accumulate the gradient of the step's loss over its micro-batches."""
-    loss_tokens = max(1, sum(sum(s.loss_mask[1:]) for s in batch))
+def forward_backward(
+    model: torch.nn.Module, batch: Sequence[TrainSample], cfg: SFTConfig, pad_id: int, dp: DataParallel
+) -> StepStats:
+    """Accumulate the gradient of the step's loss over this rank's micro-batches, summed over ranks."""
+    loss_tokens = max(1, sum(sum(s.loss_mask[1:]) for s in batch))  # of the whole batch: a global mean
     loss_sum = 0.0
     padded = 0
-    for mb in forward_batches(batch, cfg, pad_id):
+    for mb in forward_batches(dp.shard(list(batch)), cfg, pad_id):
         loss = summed_nll(model, mb) / loss_tokens
         loss.backward()
         loss_sum += loss.item()
         padded += mb.input_ids.numel()
-    return StepStats(loss_sum, sum(len(s.input_ids) for s in batch), padded)
+    dp.sum_gradients([p for p in model.parameters() if p.requires_grad])
+    totals = dp.sum_values({"loss": loss_sum, "padded": padded})
+    return StepStats(totals["loss"], sum(len(s.input_ids) for s in batch), int(totals["padded"]))
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, samples: Sequence[TrainSample], cfg: SFTConfig, pad_id: int) -> float:
+def evaluate(
+    model: torch.nn.Module, samples: Sequence[TrainSample], cfg: SFTConfig, pad_id: int, dp: DataParallel
+) -> float:
     """Mean negative log-likelihood per loss token of `samples`, packed a step's worth at a time
     (packing many thousands of samples at once would take longer than scoring them)."""
     model.eval()
     total = 0.0
-    for i in range(0, len(samples), cfg.batch_size):
-        total += sum(
-            summed_nll(model, mb).item() for mb in forward_batches(samples[i : i + cfg.batch_size], cfg, pad_id)
-        )
-    return total / max(1, sum(sum(s.loss_mask[1:]) for s in samples))
+    mine = dp.shard(list(samples))
+    for i in range(0, len(mine), cfg.batch_size):
+        total += sum(summed_nll(model, mb).item() for mb in forward_batches(mine[i : i + cfg.batch_size], cfg, pad_id))
+    return dp.sum_values({"nll": total})["nll"] / max(1, sum(sum(s.loss_mask[1:]) for s in samples))
 
 
 def forward_batches(
@@ -153,10 +165,5 @@ def forward_batches(
 def summed_nll(model: torch.nn.Module, mb: MicroBatch | PackedBatch) -> torch.Tensor:
     """Negative log-likelihood of the micro-batch's loss tokens, summed."""
     device = model.get_input_embeddings().weight.device
-    if isinstance(mb, PackedBatch):
-        logprobs = packed_token_logprobs(model, mb)
-    else:
-        logprobs = token_logprobs(
-            model, replace(mb, input_ids=mb.input_ids.to(device), attention_mask=mb.attention_mask.to(device))
-        )
+    logprobs = packed_token_logprobs(model, mb) if isinstance(mb, PackedBatch) else token_logprobs(model, mb.to(device))
     return -(logprobs * mb.loss_mask.to(device)).sum()
