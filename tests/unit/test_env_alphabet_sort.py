@@ -6,27 +6,16 @@ import pytest
 from lorarl.orchestrator.envs import load_environment
 from lorarl.orchestrator.envs.alphabet_sort import FIRST_NAMES, LAST_NAMES, AlphabetSort, expected_turns
 from lorarl.orchestrator.envs.base import Episode
+from tests.unit.env_play import play_by_hand
 
 TURNS = [["Zoe Adler", "Ada Young"], ["Milo Baker"]]
 BY_LAST = {"sort_by": "last", "turns": TURNS, "expected": expected_turns("last", TURNS)}
 RIGHT = ["Zoe Adler // new name!\nAda Young // new name!", "Zoe Adler\nMilo Baker // new name!\nAda Young"]
 
 
-def play(env: AlphabetSort, example: dict, answers: list[str]) -> Episode:
-    """Simulate the orchestrator: each model turn, then env_response, until it ends the episode."""
-    episode = Episode(example, env.prompt(example))
-    for answer in answers:
-        episode.messages.append({"role": "assistant", "content": answer})
-        reply = env.env_response(episode)
-        if reply is None:
-            break
-        episode.messages += reply
-    return episode
-
-
 def score(answers: list[str], example: dict = BY_LAST) -> dict[str, float]:
     env = AlphabetSort()
-    return asyncio.run(env.score(play(env, example, answers)))
+    return asyncio.run(env.score(play_by_hand(env, example, answers)))
 
 
 def test_expected_lists_are_cumulative_sorted_and_mark_this_turns_names() -> None:
@@ -45,7 +34,7 @@ def test_env_response_feeds_names_turn_by_turn_then_ends() -> None:
     assert env.env_response(episode) == [{"role": "user", "content": "Milo Baker"}]
     episode.messages += [{"role": "user", "content": "Milo Baker"}, {"role": "assistant", "content": RIGHT[1]}]
     assert env.env_response(episode) is None
-    assert play(env, BY_LAST, [*RIGHT, "one turn too many"]).turns == RIGHT
+    assert play_by_hand(env, BY_LAST, [*RIGHT, "one turn too many"]).turns == RIGHT
 
 
 def test_right_answers_score_one_per_turn() -> None:
@@ -79,7 +68,7 @@ def test_examples_are_reproducible_with_unique_sort_keys_and_both_orders() -> No
         names = [n for turn in ex["turns"] for n in turn]
         assert 2 <= len(ex["turns"]) <= 4 and all(1 <= len(t) <= 2 for t in ex["turns"])
         assert len({n.split()[0] for n in names}) == len({n.split()[1] for n in names}) == len(names)
-        assert score(ex["expected"], ex)["reward"] == 1.0
+        assert asyncio.run(env.score(play_by_hand(env, ex, ex["expected"])))["reward"] == 1.0
     assert seen_orders == {"first", "last"}
     assert len(set(FIRST_NAMES)) == len(FIRST_NAMES) and len(set(LAST_NAMES)) == len(LAST_NAMES)
 

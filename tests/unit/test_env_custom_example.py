@@ -11,7 +11,7 @@ import pytest
 from lorarl.config.loader import load_config
 from lorarl.config.models import RLConfig
 from lorarl.orchestrator.envs import load_environment
-from lorarl.orchestrator.envs.base import Environment, Episode
+from tests.unit.env_play import play_by_hand
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "examples" / "custom_environment" / "rl.toml"
@@ -26,17 +26,6 @@ def env_cfg(monkeypatch: pytest.MonkeyPatch):
     return cfg
 
 
-def play(env: Environment, example: dict, answers: list[str]) -> Episode:
-    episode = Episode(example, env.prompt(example))
-    for turn, answer in enumerate(answers[: env.max_turns], 1):
-        episode.messages.append({"role": "assistant", "content": answer})
-        reply = env.env_response(episode) if turn < env.max_turns else None
-        if reply is None:
-            break
-        episode.messages += reply
-    return episode
-
-
 def test_the_example_loads_as_configured_and_scores(env_cfg) -> None:
     env = load_environment(env_cfg.id, env_cfg.args)
     assert env.name == "count_letter" and env.max_turns == env_cfg.args["max_attempts"] == 2
@@ -44,11 +33,11 @@ def test_the_example_loads_as_configured_and_scores(env_cfg) -> None:
     right, wrong = str(example["count"]), str(example["count"] + 1)
 
     def reward(answers: list[str]) -> float:
-        return asyncio.run(env.score(play(env, example, answers)))["reward"]
+        return asyncio.run(env.score(play_by_hand(env, example, answers)))["reward"]
 
     assert reward([env.solution(example)]) == pytest.approx(1.1)
-    assert play(env, example, [right, "again?"]).turns == [right]  # right: the episode ends
-    assert play(env, example, [wrong, right]).messages[-2]["content"] == "That is not right. Try again."
+    assert play_by_hand(env, example, [right, "again?"]).turns == [right]  # right: the episode ends
+    assert play_by_hand(env, example, [wrong, right]).messages[-2]["content"] == "That is not right. Try again."
     assert reward([wrong, right]) == pytest.approx(0.5 + 0.1)
     assert reward([wrong, wrong]) == pytest.approx(0.1)
     assert reward(["I count three."]) == 0.0

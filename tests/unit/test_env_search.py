@@ -7,20 +7,13 @@ from lorarl.orchestrator.envs import load_environment
 from lorarl.orchestrator.envs.base import Episode
 from lorarl.orchestrator.envs.search import LexicalIndex, Search, normalize
 from lorarl.orchestrator.envs.search_docs import DOCUMENTS
+from tests.unit.env_play import play_by_hand
 
 EXAMPLE = {"question": "Who founded the Sorrel Academy of Music?", "answer": "Petra Lind"}
 
 
 def play(env: Search, answers: list[str], example: dict = EXAMPLE) -> Episode:
-    """Simulate the orchestrator: at most max_turns model turns, env_response after each but the last."""
-    episode = Episode(example, env.prompt(example))
-    for turn, answer in enumerate(answers[: env.max_turns], 1):
-        episode.messages.append({"role": "assistant", "content": answer})
-        reply = env.env_response(episode) if turn < env.max_turns else None
-        if reply is None:
-            break
-        episode.messages += reply
-    return episode
+    return play_by_hand(env, example, answers)
 
 
 def score(answers: list[str], env: Search | None = None) -> dict[str, float]:

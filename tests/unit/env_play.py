@@ -1,0 +1,15 @@
+"""Play an environment by hand, as the orchestrator's EpisodeRunner does, with scripted answers."""
+
+from lorarl.orchestrator.envs.base import Environment, Episode
+
+
+def play_by_hand(env: Environment, example: dict, answers: list[str]) -> Episode:
+    """At most max_turns model turns, env_response after each but the last, until it ends the episode."""
+    episode = Episode(example, env.prompt(example))
+    for turn, answer in enumerate(answers[: env.max_turns], 1):
+        episode.messages.append({"role": "assistant", "content": answer})
+        reply = env.env_response(episode) if turn < env.max_turns else None
+        if reply is None:
+            break
+        episode.messages += reply
+    return episode
