@@ -10,4 +10,5 @@ if [[ $# -gt 0 ]]; then
 fi
 .venv/bin/ruff check src tests scripts
 .venv/bin/ruff format --check src tests scripts
+.venv/bin/mypy src
 exec .venv/bin/python -m pytest tests -v --durations=15

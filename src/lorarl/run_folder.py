@@ -52,7 +52,7 @@ def _steps(parent: Path) -> list[int]:
     return [int(m.group(1)) for p in parent.iterdir() if (m := _STEP.match(p.name))]
 
 
-def write_folder_atomically(dest: Path, write: Callable[[Path], None], stable_marker: bool = False) -> None:
+def write_folder_atomically(dest: Path, write: Callable[[Path], object], stable_marker: bool = False) -> None:
     """Run `write(tmp)` into a temporary sibling folder, then rename it to `dest`.
 
     With `stable_marker`, an empty `STABLE` file is added after everything else, for readers that

@@ -71,12 +71,12 @@ def build_model(
         num_key_value_heads=max(1, hidden_size // head_dim // 2),
         head_dim=head_dim,
         max_position_embeddings=1024,
-        rope_theta=10000.0,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         tie_word_embeddings=True,
         eos_token_id=eos_token_id,
         pad_token_id=pad_token_id,
         bos_token_id=None,
-        torch_dtype="float32",
+        dtype="float32",
     )
     torch.manual_seed(seed)
     return Qwen3ForCausalLM(config)

@@ -166,7 +166,8 @@ async def orchestrate(cfg: RLConfig) -> None:
         start_due_eval()
         await asyncio.gather(*eval_tasks)
     finally:
-        for task in [*in_flight, *eval_tasks]:
+        pending: list[asyncio.Task[Any]] = [*in_flight, *eval_tasks]
+        for task in pending:
             task.cancel()
         await pool.close()
         metrics.close()

@@ -12,4 +12,4 @@ from lorarl.run_folder import write_folder_atomically
 def write_adapter(model: peft.PeftModel, folder: Path) -> None:
     """adapter_model.safetensors + adapter_config.json, renamed into place, then STABLE."""
     folder.parent.mkdir(parents=True, exist_ok=True)
-    write_folder_atomically(folder, lambda tmp: model.save_pretrained(tmp), stable_marker=True)
+    write_folder_atomically(folder, lambda tmp: model.save_pretrained(str(tmp)), stable_marker=True)

@@ -93,7 +93,7 @@ def load_checkpoint(
     folder = checkpoint_dir(run_dir, step)
     if isinstance(model, peft.PeftModel):
         weights = load_file(folder / "adapter" / "adapter_model.safetensors")
-        result = peft.set_peft_model_state_dict(model, weights)
+        result: Any = peft.set_peft_model_state_dict(model, weights)  # torch's load_state_dict result
         if result.unexpected_keys:
             raise ValueError(f"{folder}: adapter weights that the model lacks: {result.unexpected_keys[:5]}")
     else:

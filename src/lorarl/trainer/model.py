@@ -23,7 +23,7 @@ def load_model(cfg: ModelConfig) -> PreTrainedModel:
 def peft_lora_config(cfg: LoraConfig) -> peft.LoraConfig:
     return peft.LoraConfig(
         r=cfg.rank,
-        lora_alpha=cfg.alpha,
+        lora_alpha=cfg.alpha,  # type: ignore[arg-type]  # annotated int, used as a float: alpha / r
         lora_dropout=cfg.dropout,
         use_rslora=cfg.use_rslora,
         target_modules=cfg.target_modules,

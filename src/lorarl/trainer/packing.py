@@ -22,9 +22,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
+from transformers import PreTrainedModel
 
 from lorarl.trainer.batching import TrainSample
 from lorarl.trainer.loss import token_logprobs
@@ -65,9 +66,10 @@ class PackedBatch:
 
     def forward_inputs(self, model: torch.nn.Module) -> dict[str, Any]:
         """Keyword arguments of `model(...)`, on the model's device."""
-        device = model.get_input_embeddings().weight.device
-        dtype = model.get_input_embeddings().weight.dtype
-        mask = self.attention_mask(model.config._attn_implementation, dtype)
+        hf_model = cast(PreTrainedModel, model)  # a transformers or PEFT model
+        weight = cast(torch.nn.Embedding, hf_model.get_input_embeddings()).weight
+        mask = self.attention_mask(hf_model.config._attn_implementation, weight.dtype)
+        device = weight.device
         return {
             "input_ids": self.input_ids.to(device),
             "position_ids": self.position_ids.to(device),

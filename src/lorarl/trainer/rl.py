@@ -106,7 +106,7 @@ def train(cfg: RLConfig) -> None:
         t_backward = time.perf_counter()
 
         grad_norm = torch.nn.utils.clip_grad_norm_(trainable, cfg.trainer.optim.max_norm)
-        lr = scheduler.get_last_lr()[0]
+        lr = float(scheduler.get_last_lr()[0])
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)

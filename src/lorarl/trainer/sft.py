@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from peft import PeftModel
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, PreTrainedModel
 
 from lorarl.config.models import MonitorConfig, SFTConfig
 from lorarl.monitor.metrics import MetricsLogger
@@ -47,10 +48,10 @@ def train(cfg: SFTConfig) -> Path:
     log.info("%d training samples, %d eval samples from %s (seq_len %d: %s)", len(data.train), len(data.eval),
              cfg.data.path, cfg.seq_len, dict(data.counts) or "none truncated or skipped")  # fmt: skip
 
-    model = load_model(cfg.model)
-    if cfg.model.lora is not None:
-        model = apply_lora(model, cfg.model.lora)
-    model.to(dp.device())
+    base = load_model(cfg.model)
+    # Both save_pretrained as the result folder: a PEFT adapter, or a whole model for full fine-tuning.
+    model: PreTrainedModel | PeftModel = base if cfg.model.lora is None else apply_lora(base, cfg.model.lora)
+    model.to(dp.device())  # type: ignore[arg-type]  # transformers' decorator hides nn.Module.to's signature
     trainable = [p for p in model.parameters() if p.requires_grad]
     dp.sync_parameters(trainable)
     summary = parameter_summary(model)
@@ -84,7 +85,7 @@ def train(cfg: SFTConfig) -> Path:
             model.train()
             stats = forward_backward(model, batch, cfg, pad_id, dp)
             grad_norm = torch.nn.utils.clip_grad_norm_(trainable, cfg.optim.max_norm)
-            lr = scheduler.get_last_lr()[0]
+            lr = float(scheduler.get_last_lr()[0])
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
@@ -108,7 +109,7 @@ def train(cfg: SFTConfig) -> Path:
 
     final = run.root / "final"
     if dp.is_main:
-        model.save_pretrained(final)
+        model.save_pretrained(str(final))
         tokenizer.save_pretrained(final)
         log.info("wrote %s", final)
     metrics.close()
@@ -164,6 +165,6 @@ def forward_batches(
 
 def summed_nll(model: torch.nn.Module, mb: MicroBatch | PackedBatch) -> torch.Tensor:
     """Negative log-likelihood of the micro-batch's loss tokens, summed."""
-    device = model.get_input_embeddings().weight.device
+    device = next(model.parameters()).device
     logprobs = packed_token_logprobs(model, mb) if isinstance(mb, PackedBatch) else token_logprobs(model, mb.to(device))
     return -(logprobs * mb.loss_mask.to(device)).sum()
