@@ -15,25 +15,11 @@ import os
 import statistics
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 from lorarl.config.loader import load_config
 from lorarl.config.models import RLConfig
-
-
-def wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float = 600) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"vLLM exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2):
-                return
-        except OSError:
-            time.sleep(1)
-    raise SystemExit(f"vLLM not healthy after {timeout} s")
+from lorarl.inference.server import wait_until_healthy
 
 
 def summarize(run_dir: Path) -> dict[str, float]:
@@ -67,7 +53,7 @@ def main() -> None:
     )  # fmt: skip
     results = {}
     try:
-        wait_healthy(url, server)
+        wait_until_healthy(url, server, timeout=600)
         for level in args.levels:
             name = f"bench-async-{level}"
             subprocess.run(

@@ -6,8 +6,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -43,21 +41,6 @@ def free_port(consecutive: int = 1) -> int:
             continue
 
 
-def wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"vLLM exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(1)
-    raise TimeoutError(f"vLLM at {url} not healthy after {timeout} s")
-
-
 @pytest.fixture(scope="session")
 def vllm_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """One vLLM server for the session, started with lorarl's own `inference` entry point, so it
@@ -69,8 +52,13 @@ def vllm_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     with open(log, "wb") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
+    from lorarl.inference.server import wait_until_healthy
+
     try:
-        wait_healthy(url, proc, log)
+        try:
+            wait_until_healthy(url, proc, timeout=300)
+        except RuntimeError as e:
+            raise RuntimeError(f"{e}:\n{log.read_text()[-3000:]}") from None
         yield url
     finally:
         os.killpg(proc.pid, 15)

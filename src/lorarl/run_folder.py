@@ -37,7 +37,7 @@ class RunFolder:
 
     def latest_stable_broadcast(self) -> int | None:
         """The highest step whose adapter folder is complete, or None."""
-        steps = [s for s in _steps(self.root / "broadcasts") if (self.broadcast(s) / STABLE).exists()]
+        steps = [s for s in step_folders(self.root / "broadcasts") if (self.broadcast(s) / STABLE).exists()]
         return max(steps, default=None)
 
     def create(self) -> RunFolder:
@@ -46,7 +46,8 @@ class RunFolder:
         return self
 
 
-def _steps(parent: Path) -> list[int]:
+def step_folders(parent: Path) -> list[int]:
+    """The N of every `step_N` entry in `parent` (none if it does not exist)."""
     if not parent.is_dir():
         return []
     return [int(m.group(1)) for p in parent.iterdir() if (m := _STEP.match(p.name))]

@@ -11,6 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from lorarl.launcher.plan import torchrun
 from lorarl.rollouts import Rollout, RolloutBatch
 from lorarl.run_folder import RunFolder
 from tests.integration.helpers import rl_config, write_config
@@ -39,9 +40,8 @@ def train_one_step(tiny_model: Path, out: Path, dp: int) -> dict[str, torch.Tens
     run = RunFolder(out / f"dp{dp}")
     write_batch(run)
     config = write_config(cfg, out / f"dp{dp}.json")
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={dp}"]
     result = subprocess.run(
-        [*(launcher if dp > 1 else [sys.executable]), "-m", "lorarl.cli.trainer", "@", str(config)],
+        [*(torchrun(dp) if dp > 1 else [sys.executable]), "-m", "lorarl.cli.trainer", "@", str(config)],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]

@@ -11,13 +11,12 @@ import shutil
 import signal
 import sys
 import time
-import urllib.request
 from types import FrameType
 
 from lorarl.cli.common import load_or_exit, setup_logging
 from lorarl.config.models import RLConfig
-from lorarl.inference.server import worker_urls
-from lorarl.launcher.plan import plan_run
+from lorarl.inference.server import is_healthy, worker_urls
+from lorarl.launcher.plan import ProcessSpec, plan_run
 from lorarl.launcher.supervisor import Supervisor
 from lorarl.monitor.console import StepPrinter
 from lorarl.orchestrator.envs import load_environment
@@ -75,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
     raise SystemExit(code)
 
 
-def supervise(cfg: RLConfig, run: RunFolder, specs: list, supervisor: Supervisor) -> int:  # type: ignore[type-arg]
+def supervise(cfg: RLConfig, run: RunFolder, specs: list[ProcessSpec], supervisor: Supervisor) -> int:
     workers = [s for s in specs if s.name.startswith("inference-")]
     for spec in workers:
         supervisor.start(spec)
@@ -91,7 +90,7 @@ def supervise(cfg: RLConfig, run: RunFolder, specs: list, supervisor: Supervisor
         if time.monotonic() > deadline:
             log.error("inference did not become healthy within %.0f s: %s", cfg.inference.startup_timeout, pending)
             return 1
-        pending = [u for u in pending if not _healthy(u)]
+        pending = [u for u in pending if not is_healthy(u)]
         time.sleep(0.5)
     log.info("inference ready; starting orchestrator and trainer")
 
@@ -133,14 +132,6 @@ def clear_previous_outputs(run: RunFolder, resume: bool) -> None:
             shutil.rmtree(p)
         elif p.exists():
             p.unlink()
-
-
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
-            return bool(resp.status == 200)
-    except OSError:
-        return False
 
 
 def _has_gpu() -> bool:

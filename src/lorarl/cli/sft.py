@@ -10,20 +10,14 @@ import sys
 
 from lorarl.cli.common import load_or_exit, setup_logging
 from lorarl.config.models import SFTConfig
+from lorarl.launcher.plan import torchrun
 
 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     cfg = load_or_exit(SFTConfig, args)
     if cfg.parallel.dp > 1 and "WORLD_SIZE" not in os.environ:
-        torchrun = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc-per-node={cfg.parallel.dp}",
-        ]
-        os.execv(sys.executable, [*torchrun, "-m", "lorarl.cli.sft", *args])
+        os.execv(sys.executable, [*torchrun(cfg.parallel.dp), "-m", "lorarl.cli.sft", *args])
     setup_logging("sft")
     from lorarl.trainer.sft import train  # torch and transformers load only once the config is valid
 

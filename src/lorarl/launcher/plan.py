@@ -58,8 +58,11 @@ def plan_run(cfg: RLConfig, run: RunFolder, has_gpu: bool) -> list[ProcessSpec]:
     return specs
 
 
+def torchrun(nproc: int) -> list[str]:
+    """The interpreter prefix that runs a module as `nproc` data-parallel ranks on this machine."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+
+
 def _launcher(cfg: RLConfig, role: str) -> list[str]:
     dp = cfg.trainer.parallel.dp
-    if role == "trainer" and dp > 1:
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={dp}"]
-    return [sys.executable]
+    return torchrun(dp) if role == "trainer" and dp > 1 else [sys.executable]

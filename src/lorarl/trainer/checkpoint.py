@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -23,11 +22,9 @@ import peft
 import torch
 from safetensors.torch import load_file, load_model, save_model
 
-from lorarl.run_folder import write_folder_atomically
+from lorarl.run_folder import step_folders, write_folder_atomically
 
 log = logging.getLogger("lorarl.checkpoint")
-
-_STEP = re.compile(r"^step_(\d+)$")
 
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:
@@ -36,10 +33,7 @@ def checkpoint_dir(run_dir: Path, step: int) -> Path:
 
 def checkpoint_steps(run_dir: Path) -> list[int]:
     """Steps with a complete checkpoint, oldest first."""
-    parent = Path(run_dir) / "checkpoints"
-    if not parent.is_dir():
-        return []
-    steps = (int(m.group(1)) for p in parent.iterdir() if (m := _STEP.match(p.name)))
+    steps = step_folders(Path(run_dir) / "checkpoints")
     return sorted(s for s in steps if (checkpoint_dir(run_dir, s) / "state.json").is_file())
 
 
