@@ -62,13 +62,17 @@ class MicroBatch:
         return {"input_ids": self.input_ids, "attention_mask": self.attention_mask, "use_cache": False}
 
 
-def micro_batches(samples: Sequence[TrainSample], size: int, pad_id: int) -> Iterator[MicroBatch]:
-    """Right-padded micro-batches of at most `size` samples, grouped by temperature (a micro-batch
-    is scored at one temperature)."""
-    by_temp: dict[float, list[TrainSample]] = {}
+def by_temperature(samples: Sequence[TrainSample]) -> dict[float, list[TrainSample]]:
+    """Samples grouped by sampling temperature, in order: a forward pass is scored at one temperature."""
+    groups: dict[float, list[TrainSample]] = {}
     for s in samples:
-        by_temp.setdefault(s.temperature, []).append(s)
-    for temp, group in by_temp.items():
+        groups.setdefault(s.temperature, []).append(s)
+    return groups
+
+
+def micro_batches(samples: Sequence[TrainSample], size: int, pad_id: int) -> Iterator[MicroBatch]:
+    """Right-padded micro-batches of at most `size` samples of one temperature each."""
+    for temp, group in by_temperature(samples).items():
         for i in range(0, len(group), size):
             yield _collate(group[i : i + size], pad_id, temp)
 

@@ -27,7 +27,7 @@ from typing import Any, cast
 import torch
 from transformers import PreTrainedModel
 
-from lorarl.trainer.batching import TrainSample
+from lorarl.trainer.batching import TrainSample, by_temperature
 from lorarl.trainer.loss import token_logprobs
 
 # Attention implementations that take a custom 4D mask: a boolean one (True = attend) for sdpa,
@@ -121,10 +121,7 @@ def packed_micro_batches(
 ) -> Iterator[PackedBatch]:
     """Pack `samples` into rows of at most `capacity` tokens and yield `rows_per_batch` rows at a
     time, grouped by temperature (a forward pass is scored at one temperature)."""
-    by_temp: dict[float, list[TrainSample]] = {}
-    for s in samples:
-        by_temp.setdefault(s.temperature, []).append(s)
-    for temp, group in by_temp.items():
+    for temp, group in by_temperature(samples).items():
         rows = least_padded_rows([len(s.input_ids) for s in group], capacity, rows_per_batch)
         for i in range(0, len(rows), rows_per_batch):
             yield collate_packed([[group[j] for j in row] for row in rows[i : i + rows_per_batch]], pad_id, temp)
