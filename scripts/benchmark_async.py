@@ -1,10 +1,12 @@
 """Throughput of `rl` at several `max_async_level`s on one config and one vLLM server.
 
-    python scripts/benchmark_async.py @ configs/quickstart/rl.toml --steps 20 --levels 0 1 2
+    python scripts/benchmark_async.py @ configs/quickstart/rl.toml --steps 20 --levels 0 1 2 [--continuous]
 
 Reports, per level, from metrics.jsonl (steps after the first, so start-up is not counted):
-steps per minute, the trainer's idle fraction (time waiting for a batch / wall time) and the
-inference busy fraction (time with requests in flight / wall time, averaged over workers).
+steps per minute, the trainer's idle fraction (time waiting for a batch / wall time), the
+inference busy fraction (time with requests in flight / wall time, averaged over workers), the
+mean policy lag and the groups dropped. `--continuous` runs each level with continuous batching
+and the same lag bound (max_off_policy_steps = max_async_level).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ def summarize(run_dir: Path) -> dict[str, float]:
         "inference_busy_frac": statistics.fmean(r["inference/busy_frac"] for r in orch),
         "policy_lag_mean": statistics.fmean(r["policy_lag/mean"] for r in trainer),
         "reward_last": statistics.fmean(r["reward/mean"] for r in orch[-5:]),
+        "dropped_groups": sum(r["dropped/groups"] for r in orch),
     }
 
 
@@ -42,6 +45,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--levels", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--port", type=int, default=8400)
+    parser.add_argument("--continuous", action="store_true", help="max_off_policy_steps = max_async_level")
     args = parser.parse_args()
     cfg = load_config(RLConfig, args.config)
     url = f"http://127.0.0.1:{args.port}"
@@ -55,10 +59,12 @@ def main() -> None:
     try:
         wait_until_healthy(url, server, timeout=600)
         for level in args.levels:
-            name = f"bench-async-{level}"
+            name = f"bench-async-{level}" + ("-continuous" if args.continuous else "")
+            continuous = ["--orchestrator.max_off_policy_steps", str(level)] if args.continuous else []
             subprocess.run(
                 [sys.executable, "-m", "lorarl.cli.rl", *args.config, "--inference.urls", json.dumps([url]),
                  "--orchestrator.max_async_level", str(level), "--max_steps", str(args.steps), "--run_name", name,
+                 *continuous,
                  # rl leaves vLLM its core only when it starts the workers itself.
                  "--trainer.num_threads", str(max(1, (os.cpu_count() or 1) - 1))],
                 check=True, env=env,
@@ -67,11 +73,12 @@ def main() -> None:
     finally:
         os.killpg(server.pid, 15)
         server.wait()
-    print(f"\n{'max_async_level':>15} {'steps/min':>10} {'trainer idle':>13} {'inference busy':>15} {'lag':>5}")
+    print(f"\n{'max_async_level':>15} {'steps/min':>10} {'trainer idle':>13} {'inference busy':>15} {'lag':>5} "
+          f"{'dropped':>8}")  # fmt: skip
     for level, r in results.items():
         print(f"{level:>15} {r['steps_per_min']:>10.1f} {r['trainer_idle_frac']:>13.0%} "
-              f"{r['inference_busy_frac']:>15.0%} {r['policy_lag_mean']:>5.2f}")  # fmt: skip
-    out = cfg.output_dir / "bench-async.json"
+              f"{r['inference_busy_frac']:>15.0%} {r['policy_lag_mean']:>5.2f} {r['dropped_groups']:>8}")  # fmt: skip
+    out = cfg.output_dir / ("bench-async-continuous.json" if args.continuous else "bench-async.json")
     out.write_text(json.dumps(results, indent=2))
     print(f"wrote {out}")
 

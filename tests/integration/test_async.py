@@ -58,3 +58,27 @@ def test_two_runs_share_one_inference_server(tiny_model: Path, vllm_server: str,
         roots = {m["id"]: m["root"] for m in json.load(r)["data"]}
     for name in ("alice", "bob"):
         assert Path(roots[f"{name}-step3"]) == (tmp_path / name / "broadcasts" / "step_3").resolve()
+
+
+def test_continuous_batching_drops_a_straggler_once_too_old(tiny_model: Path, vllm_server: str, tmp_path: Path) -> None:
+    """With max_off_policy_steps, batches take the groups that finish first: the straggler (the
+    first example, whose scoring never ends) holds no batch up, and is dropped, once, when it
+    would lag more than the bound. Without it the run would wait for the straggler forever."""
+    steps = 4
+    cfg = rl_config(tiny_model, tmp_path, "straggler", max_steps=steps, **{"inference.urls": [vllm_server]})
+    cfg["orchestrator"] |= {"max_async_level": 1, "max_off_policy_steps": 1}
+    cfg["orchestrator"]["env"] = [{"id": "tests.integration.straggler_env:StragglerReverseText"}]
+    result = subprocess.run(
+        rl_command(write_config(cfg, tmp_path / "rl.json")), capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = tmp_path / "straggler"
+    for step in range(1, steps + 1):
+        rows = [json.loads(line) for line in (run / "rollouts" / f"step_{step}" / "rollouts.jsonl").open()]
+        assert len(rows) == cfg["orchestrator"]["batch_size"]
+        assert all(0 <= step - 1 - r["policy_version"] <= 1 for r in rows)
+        assert not any(r["metrics"]["is_straggler"] for r in rows)
+    orchestrator = {r["step"]: r for r in metrics(run) if r["component"] == "orchestrator"}
+    # Drawn for step 1 with version 0, it may still land in batch 2 (lag 1); at batch 3 it would lag 2.
+    assert [orchestrator[s]["dropped/groups"] for s in range(1, steps + 1)] == [0, 0, 1, 0]
+    assert orchestrator[3]["dropped/rollouts"] == cfg["orchestrator"]["rollouts_per_example"]

@@ -61,7 +61,20 @@ def test_rl_always_trains_lora_and_checks_the_init_adapter(tmp_path: Path) -> No
 
 
 def test_a_user_max_loras_must_hold_every_version_in_flight(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="sets --max-loras 2, but max_async_level 1 can keep 3"):
+    with pytest.raises(ValueError, match="sets --max-loras 2, but rollouts may lag 1 versions"):
         cfg(tmp_path, inference={"extra_args": ["--max-loras", "2"]})
     c = cfg(tmp_path, inference={"extra_args": ["--max-loras", "6"]})
     assert vllm_command(c).count("--max-loras") == 1 and "6" in vllm_command(c)
+    # Continuous batching keeps versions up to max_off_policy_steps old in flight.
+    with pytest.raises(ValueError, match="sets --max-loras 4, but rollouts may lag 3 versions"):
+        cfg(tmp_path, orchestrator={"max_off_policy_steps": 3}, inference={"extra_args": ["--max-loras", "4"]})
+    assert "--max-loras 5" in " ".join(vllm_command(cfg(tmp_path, orchestrator={"max_off_policy_steps": 3})))
+
+
+def test_max_off_policy_steps_cannot_drop_groups_sampled_ahead_on_purpose(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"max_off_policy_steps \(1\) < max_async_level \(2\)"):
+        cfg(tmp_path, orchestrator={"max_async_level": 2, "max_off_policy_steps": 1})
+    assert (
+        cfg(tmp_path, orchestrator={"max_async_level": 2, "max_off_policy_steps": 2}).orchestrator.max_policy_lag == 2
+    )
+    assert cfg(tmp_path, orchestrator={"max_async_level": 2}).orchestrator.max_policy_lag == 2

@@ -205,6 +205,10 @@ class OrchestratorConfig(Section):
     rollouts_per_example: int = Field(8, ge=1)
     # How many policy versions the batch for step s may lag: it is sampled with version >= s-1-N.
     max_async_level: int = Field(1, ge=0)
+    # None: each batch holds exactly the groups drawn for its step (it waits for the slowest).
+    # K: continuous batching: a batch takes the first groups to finish, so slow ones roll over into
+    # later batches; a group that would lag more than K versions is dropped (and counted).
+    max_off_policy_steps: int | None = Field(None, ge=0)
     sampling: SamplingConfig = SamplingConfig()
     advantage: AdvantageConfig = AdvantageConfig()
     env: list[EnvConfig] = [EnvConfig()]
@@ -224,6 +228,21 @@ class OrchestratorConfig(Section):
                 f"({self.rollouts_per_example})"
             )
         return self
+
+    @model_validator(mode="after")
+    def _off_policy_bound_holds_async_groups(self) -> OrchestratorConfig:
+        if self.max_off_policy_steps is not None and self.max_off_policy_steps < self.max_async_level:
+            raise ValueError(
+                f"max_off_policy_steps ({self.max_off_policy_steps}) < max_async_level ({self.max_async_level}) "
+                "would drop the groups sampled ahead on purpose as soon as they finish: lower max_async_level "
+                "instead, or raise max_off_policy_steps"
+            )
+        return self
+
+    @property
+    def max_policy_lag(self) -> int:
+        """How many versions older than the trainer's a rollout in a batch can be."""
+        return self.max_async_level if self.max_off_policy_steps is None else self.max_off_policy_steps
 
 
 class InferenceConfig(Section):
@@ -280,16 +299,17 @@ class RLConfig(SharedConfig):
 
     @model_validator(mode="after")
     def _adapter_slots_fit(self) -> RLConfig:
-        # Every version rollouts may still use (max_async_level + 1), plus the next one, loaded
+        # Every version rollouts may still use (max_policy_lag + 1), plus the next one, loaded
         # before the oldest is unloaded, must fit in vLLM's adapter slots.
         args = self.inference.extra_args
+        lag = self.orchestrator.max_policy_lag
         if "--max-loras" in args[:-1]:
             given = int(args[args.index("--max-loras") + 1])
-            if given < self.orchestrator.max_async_level + 2:
+            if given < lag + 2:
                 raise ValueError(
-                    f"inference.extra_args sets --max-loras {given}, but max_async_level "
-                    f"{self.orchestrator.max_async_level} can keep {self.orchestrator.max_async_level + 2} "
-                    "adapter versions loaded: raise --max-loras or leave it out (rl derives it)"
+                    f"inference.extra_args sets --max-loras {given}, but rollouts may lag {lag} versions "
+                    f"(max_async_level / max_off_policy_steps), so {lag + 2} adapter versions can be loaded: "
+                    "raise --max-loras or leave it out (rl derives it)"
                 )
         return self
 

@@ -18,10 +18,10 @@ def vllm_max_lora_rank(rank: int) -> int:
     return next(r for r in VLLM_LORA_RANKS if r >= rank)
 
 
-def vllm_max_loras(max_async_level: int) -> int:
-    """Adapter slots per worker: every version rollouts may still use (max_async_level + 1),
+def vllm_max_loras(max_policy_lag: int) -> int:
+    """Adapter slots per worker: every version rollouts may still use (max_policy_lag + 1),
     plus the next one, loaded before the oldest is unloaded (RLConfig checks a user's value)."""
-    return max_async_level + 2
+    return max_policy_lag + 2
 
 
 def worker_urls(cfg: RLConfig) -> list[str]:
@@ -42,7 +42,7 @@ def vllm_command(cfg: RLConfig, worker: int = 0) -> list[str]:
         "--enable-lora",
         "--max-lora-rank", str(vllm_max_lora_rank(cfg.lora.rank)),
         *([] if "--max-loras" in inf.extra_args else
-          ["--max-loras", str(vllm_max_loras(cfg.orchestrator.max_async_level))]),
+          ["--max-loras", str(vllm_max_loras(cfg.orchestrator.max_policy_lag))]),
         # Logprobs of the distribution actually sampled from (temperature applied), which is what
         # the trainer computes; vLLM's default is the raw model distribution.
         "--logprobs-mode", "processed_logprobs",

@@ -1,11 +1,12 @@
 """The orchestrator loop, top to bottom.
 
 Rollouts are sampled in groups (`rollouts_per_example` episodes of one example). Each group is
-meant for one trainer step N and launched as soon as the newest loaded policy may be used for
+drawn for one trainer step N and launched as soon as the newest loaded policy may be used for
 it, i.e. its version v >= N-1-max_async_level: with 0 the orchestrator waits for the trainer
 before each batch; with more it samples ahead while the trainer trains, keeping vLLM busy.
-When all groups of step N have finished, their rewards become group-normalized advantages and
-the batch is written to rollouts/step_N for the trainer.
+Finished groups are assembled into batches (`BatchAssembler`: by default the groups drawn for N;
+with `max_off_policy_steps` the first to finish, dropping those grown too old); each batch's
+rewards become group-normalized advantages and it is written to rollouts/step_N for the trainer.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import json
 import logging
 import statistics
 import time
-from collections import defaultdict
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
@@ -29,6 +29,7 @@ from lorarl.inference.server import worker_urls
 from lorarl.monitor.metrics import MetricsLogger
 from lorarl.orchestrator.adapters import AdapterWatcher
 from lorarl.orchestrator.advantages import group_advantages
+from lorarl.orchestrator.batch_assembly import BatchAssembler
 from lorarl.orchestrator.envs import load_environment
 from lorarl.orchestrator.envs.base import Environment, Example
 from lorarl.orchestrator.episodes import EpisodeRunner, PlayedEpisode
@@ -72,12 +73,9 @@ async def orchestrate(cfg: RLConfig) -> None:
     await pool.wait_healthy(cfg.inference.startup_timeout)
     watcher = AdapterWatcher(pool, run, cfg.run_name, delete_unloaded=ocfg.delete_old_broadcasts)
 
-    async def play_group(env: Environment, example: Example, n: int) -> Group:
-        version, adapter = watcher.acquire()
-        try:
-            episodes = await runner.play(adapter, env, example, n)
-        finally:
-            await watcher.release(version)
+    async def play_group(env: Environment, example: Example, n: int, version: int) -> Group:
+        """Played with `version`, which the caller holds (`watcher.acquire`) until this ends."""
+        episodes = await runner.play(watcher.adapter_name(version), env, example, n)
         scores = list(await asyncio.gather(*(env.score(e.episode) for e in episodes)))
         return Group(env, version, episodes, scores)
 
@@ -90,19 +88,25 @@ async def orchestrate(cfg: RLConfig) -> None:
         assert evaluator is not None and eval_metrics is not None
 
         async def rewards(env: Environment, example: Example, n: int) -> list[float]:
-            return [score["reward"] for score in (await play_group(env, example, n)).scores]
+            return [score["reward"] for score in (await play_group(env, example, n, version)).scores]
 
-        results = await evaluator.run(version, rewards)
+        try:
+            results = await evaluator.run(version, rewards)
+        finally:
+            await watcher.release(version)
         eval_metrics.log(version, results)
         log.info("eval of policy %d: %s", version, ", ".join(f"{k} {v:.3f}" for k, v in results.items()))
 
     def start_due_eval() -> None:
         if evaluator is not None and watcher.version is not None and evaluator.due(watcher.version):
-            eval_tasks.add(asyncio.create_task(evaluate(watcher.version)))
+            version, _ = watcher.acquire()  # the whole eval plays this version, even once a newer one loads
+            eval_tasks.add(asyncio.create_task(evaluate(version)))
 
-    in_flight: dict[asyncio.Task[Group], int] = {}  # task -> the step it is for
-    finished: dict[int, list[Group]] = defaultdict(list)
-    launched = (step - 1) * groups_per_step  # groups launched; group i is for step i // groups_per_step + 1
+    in_flight: dict[asyncio.Task[Group], tuple[int, int]] = {}  # task -> (step it was drawn for, version)
+    assembler: BatchAssembler[Group] = BatchAssembler(groups_per_step, ocfg.max_off_policy_steps)
+    # Groups launched and not dropped: the first groups_per_step are for step 1, and so on.
+    live = (step - 1) * groups_per_step
+    dropped = 0  # groups dropped as too old since the last batch
     # The sampler's state once the last group of a step was drawn: a checkpoint of that step saves it.
     sampler_states: dict[int, dict[str, Any]] = {}
     ckpt_interval = cfg.trainer.ckpt.interval
@@ -114,17 +118,28 @@ async def orchestrate(cfg: RLConfig) -> None:
             await watcher.refresh()
             start_due_eval()
             # Launch every group whose step may use the newest policy (version >= step-1-max_async_level).
-            while (target := launched // groups_per_step + 1) <= cfg.max_steps and (
+            while (target := live // groups_per_step + 1) <= cfg.max_steps and (
                 watcher.version is not None and watcher.version >= target - 1 - ocfg.max_async_level
             ):
                 env, example = sampler.draw()
-                in_flight[asyncio.create_task(play_group(env, example, ocfg.rollouts_per_example))] = target
-                launched += 1
-                if ckpt_interval is not None and target % ckpt_interval == 0 and launched % groups_per_step == 0:
+                version, _ = watcher.acquire()
+                task = asyncio.create_task(play_group(env, example, ocfg.rollouts_per_example, version))
+                in_flight[task] = (target, version)
+                live += 1
+                if ckpt_interval is not None and target % ckpt_interval == 0 and live % groups_per_step == 0:
                     sampler_states[target] = sampler.state_dict()
 
-            if len(finished[step]) == groups_per_step:
-                groups = finished.pop(step)
+            # Groups too old for this batch are too old for every later one: stop those still running.
+            stale = [task for task, (_, version) in in_flight.items() if assembler.is_stale(version, step)]
+            for task in stale:
+                task.cancel()
+            await asyncio.gather(*stale, return_exceptions=True)
+            for task in stale:
+                await watcher.release(in_flight.pop(task)[1])
+            newly_dropped = len(stale) + assembler.drop_stale(step)
+            live, dropped = live - newly_dropped, dropped + newly_dropped
+
+            if (groups := assembler.take(step)) is not None:
                 rollouts = to_rollouts(groups, ocfg.advantage.std_normalize, ocfg.sampling.temperature)
                 RolloutBatch(step, rollouts).write(run.rollouts(step))
                 if step in sampler_states:
@@ -132,21 +147,26 @@ async def orchestrate(cfg: RLConfig) -> None:
                 write_samples(run, step, groups, ocfg.num_samples_to_log)
                 now, busy = time.perf_counter(), pool.busy_seconds()
                 metrics.log(step, batch_metrics(groups, step) | {
+                    "dropped/groups": dropped,
+                    "dropped/rollouts": dropped * ocfg.rollouts_per_example,
                     "time/wait_for_policy": waited,
                     "time/step": now - t_step,
                     "inference/busy_frac": (busy - busy_at_step) / max(1e-9, (now - t_step) * len(pool.workers)),
                     "inference/groups_in_flight": len(in_flight),
                     "tokens_per_s": sum(len(r.completion_ids) for r in rollouts) / max(1e-9, now - t_step),
                 })  # fmt: skip
-                log.info("step %d: %d rollouts written (policy versions %s)", step, len(rollouts),
-                         sorted({g.version for g in groups}))  # fmt: skip
-                step, waited, t_step, busy_at_step = step + 1, 0.0, now, busy
+                versions = sorted({g.version for g in groups})
+                log.info("step %d: %d rollouts written (policy versions %s, %d groups dropped as too old)",
+                         step, len(rollouts), versions, dropped)  # fmt: skip
+                step, dropped, waited, t_step, busy_at_step = step + 1, 0, 0.0, now, busy
                 continue
 
             if in_flight:
                 done, _ = await asyncio.wait(in_flight, timeout=0.05, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
-                    finished[in_flight.pop(task)].append(task.result())
+                    drawn_for, version = in_flight.pop(task)
+                    await watcher.release(version)
+                    assembler.add(drawn_for, task.result())
                 idle_since = time.monotonic()
             else:
                 # Everything launched has finished: only a newer policy lets sampling go on.
