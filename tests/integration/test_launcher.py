@@ -73,3 +73,29 @@ def test_two_workers_then_sigint_stops_every_process(tiny_model: Path, tmp_path:
             proc.kill()
     gone, alive = psutil.wait_procs(descendants, timeout=5)
     assert not alive, [p.cmdline() for p in alive]
+
+
+def test_children_stop_when_rl_is_killed(tiny_model: Path, vllm_server: str, tmp_path: Path) -> None:
+    """SIGKILL gives `rl` no chance to stop its children: they stop themselves (parent-death signal)."""
+    cfg = rl_config(tiny_model, tmp_path, "killed", max_steps=1000, **{"inference.urls": [vllm_server]})
+    proc = subprocess.Popen(rl_command(write_config(cfg, tmp_path / "rl.json")), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    run = tmp_path / "killed"
+    deadline = time.monotonic() + 300
+    try:
+        while not ((run / "metrics.jsonl").exists() and any(r["component"] == "trainer" for r in metrics(run))):
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            assert time.monotonic() < deadline, "rl did not reach step 1"
+            time.sleep(0.5)
+        descendants = psutil.Process(proc.pid).children(recursive=True)
+        names = " ".join(" ".join(p.cmdline()) for p in descendants)
+        assert "lorarl.cli.trainer" in names and "lorarl.cli.orchestrator" in names
+        proc.kill()
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    gone, alive = psutil.wait_procs(descendants, timeout=30)
+    for p in alive:
+        p.kill()
+    assert not alive, [p.cmdline() for p in alive]

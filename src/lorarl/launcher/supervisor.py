@@ -4,11 +4,14 @@ and stops all of them (and everything they started) together."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections import deque
+from functools import partial
 from pathlib import Path
 
 from lorarl.launcher.plan import ProcessSpec
@@ -30,6 +33,7 @@ class Supervisor:
             proc = subprocess.Popen(
                 spec.cmd, env={**os.environ, **spec.env}, stdout=log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True,
+                preexec_fn=partial(_terminate_with_parent, os.getpid()) if sys.platform == "linux" else None,
             )  # fmt: skip
         self.procs[spec.name] = proc
         return proc
@@ -63,6 +67,15 @@ class Supervisor:
                 return "".join(deque(f, maxlen=lines))
         except FileNotFoundError:
             return ""
+
+
+def _terminate_with_parent(parent: int) -> None:
+    """In the child, before exec: SIGTERM when `rl` dies, even by SIGKILL, which gives it no chance
+    to stop its children (each then stops its own: vLLM its engine, torchrun its ranks)."""
+    pr_set_pdeathsig = 1  # <linux/prctl.h>
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    if os.getppid() != parent:  # rl died before prctl took effect
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
