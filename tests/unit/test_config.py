@@ -167,3 +167,16 @@ def test_reads_sys_argv_but_not_environment(monkeypatch: pytest.MonkeyPatch) -> 
     cfg = load_config(RLConfig)
     assert cfg.model.name == "m"
     assert cfg.seed == 0
+
+
+@pytest.mark.parametrize(
+    ("cls", "section", "required"),
+    [(RLConfig, "trainer.parallel", []), (SFTConfig, "parallel", ["--data.path", "d.jsonl"])],
+)
+def test_fsdp_needs_ranks_to_shard_over(cls: type[RLConfig | SFTConfig], section: str, required: list[str]) -> None:
+    args = ["--model.name", "m", *required, f"--{section}.fsdp"]
+    with pytest.raises(ConfigError, match=rf"{section}: .*fsdp = true .*needs dp >= 2 \(dp = 1\)"):
+        load_config(cls, args)
+    cfg = load_config(cls, [*args, f"--{section}.dp", "2"])
+    parallel = cfg.trainer.parallel if isinstance(cfg, RLConfig) else cfg.parallel
+    assert parallel.fsdp and parallel.dp == 2

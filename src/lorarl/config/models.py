@@ -153,6 +153,17 @@ class ResumeConfig(Section):
 class ParallelConfig(Section):
     # Data-parallel ranks (torchrun; gloo on CPU, NCCL on GPU), each on its share of every batch.
     dp: int = Field(1, ge=1)
+    fsdp: bool = Field(
+        False,
+        description="shard the model's weights (frozen base and adapter) over the dp ranks with FSDP2, one shard "
+        "group per decoder layer; for models that don't fit one device",
+    )
+
+    @model_validator(mode="after")
+    def _fsdp_shards_over_ranks(self) -> ParallelConfig:
+        if self.fsdp and self.dp < 2:
+            raise ValueError(f"fsdp = true shards the weights over the dp ranks, so it needs dp >= 2 (dp = {self.dp})")
+        return self
 
 
 class TrainerConfig(Section):

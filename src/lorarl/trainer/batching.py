@@ -20,6 +20,12 @@ class TrainSample:
     advantage: float = 0.0
     temperature: float = 1.0
 
+    @classmethod
+    def no_loss(cls, pad_id: int) -> TrainSample:
+        """Two padding tokens without a loss token: a forward/backward pass that adds nothing to the
+        gradient, for a rank out of samples while others still run passes (DataParallel.same_passes)."""
+        return cls(input_ids=[pad_id, pad_id], loss_mask=[False, False], old_logprobs=[0.0, 0.0])
+
 
 @dataclass
 class MicroBatch:

@@ -7,7 +7,8 @@
         state.json        {"step": N, ...}: the step and whatever else the loop needs (its data position)
 
 A checkpoint is written under a temporary name and renamed, so a folder named `trainer/` is
-complete. Shared by the trainers: nothing here knows about SFT or RL.
+complete. Shared by the trainers: nothing here knows about SFT or RL. A model sharded with FSDP
+(fsdp.py) writes the same files as an unsharded one, so either resumes the other's checkpoints.
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ from typing import Any
 
 import peft
 import torch
-from safetensors.torch import load_file, load_model, save_model
+from safetensors.torch import load_file, load_model, save_file, save_model
 
 from lorarl.run_folder import step_folders, write_folder_atomically
+from lorarl.trainer.distributed import is_main_process
+from lorarl.trainer.fsdp import gathered_optimizer_state, gathered_weights, is_sharded, load_optimizer_state
 
 log = logging.getLogger("lorarl.checkpoint")
 
@@ -45,16 +48,23 @@ def save_checkpoint(
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     state: dict[str, Any],
     keep_last: int | None = None,
-) -> Path:
+) -> Path | None:
     """Write the checkpoint of `step` (`state` is saved beside the step in state.json), then delete
-    all but the newest `keep_last` checkpoints."""
+    all but the newest `keep_last` checkpoints. Call it on every rank: a sharded model gathers its
+    weights and optimizer state from all of them. Rank 0 alone writes, and returns the folder."""
+    weights = gathered_weights(model)
+    optimizer_state = gathered_optimizer_state(model, optimizer) if is_sharded(model) else optimizer.state_dict()
+    if not is_main_process():
+        return None
 
     def write(folder: Path) -> None:
         if isinstance(model, peft.PeftModel):
-            model.save_pretrained(str(folder / "adapter"))
+            model.save_pretrained(str(folder / "adapter"), state_dict=weights)
+        elif weights is not None:
+            save_file(weights, str(folder / "model.safetensors"))
         else:
             save_model(model, str(folder / "model.safetensors"))
-        torch.save(optimizer.state_dict(), folder / "optimizer.pt")
+        torch.save(optimizer_state, folder / "optimizer.pt")
         torch.save(scheduler.state_dict(), folder / "scheduler.pt")
         torch.save(_rng_state(), folder / "rng.pt")
         (folder / "state.json").write_text(json.dumps({"step": step, **state}, indent=2))
@@ -68,15 +78,9 @@ def save_checkpoint(
     return dest
 
 
-def load_checkpoint(
-    run_dir: Path,
-    step: int | None,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
-) -> dict[str, Any]:
-    """Restore the checkpoint of `step` (None: the latest) into the objects, which must be built
-    as for the run that wrote it, and the RNG states. Returns its state.json."""
+def find_checkpoint(run_dir: Path, step: int | None) -> Path:
+    """The checkpoint folder of `step` (None: the latest). Resuming restores it in two parts:
+    `load_weights` into the model (before FSDP shards it), then `load_training_state`."""
     steps = checkpoint_steps(run_dir)
     if not steps:
         raise FileNotFoundError(f"no checkpoint to resume from in {Path(run_dir) / 'checkpoints'}")
@@ -84,7 +88,12 @@ def load_checkpoint(
         step = steps[-1]
     elif step not in steps:
         raise FileNotFoundError(f"no checkpoint of step {step} in {Path(run_dir) / 'checkpoints'} (there are {steps})")
-    folder = checkpoint_dir(run_dir, step)
+    return checkpoint_dir(run_dir, step)
+
+
+def load_weights(folder: Path, model: torch.nn.Module) -> None:
+    """The checkpoint's adapter, or every weight, into the model: the unsharded one, built as for
+    the run that wrote it."""
     if isinstance(model, peft.PeftModel):
         weights = load_file(folder / "adapter" / "adapter_model.safetensors")
         result: Any = peft.set_peft_model_state_dict(model, weights)  # torch's load_state_dict result
@@ -92,7 +101,21 @@ def load_checkpoint(
             raise ValueError(f"{folder}: adapter weights that the model lacks: {result.unexpected_keys[:5]}")
     else:
         load_model(model, str(folder / "model.safetensors"))
-    optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
+
+
+def load_training_state(
+    folder: Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+) -> dict[str, Any]:
+    """The checkpoint's optimizer (of `model`, sharded or not: on every rank), scheduler and RNG
+    states. Returns its state.json."""
+    optimizer_state = torch.load(folder / "optimizer.pt", weights_only=True)
+    if is_sharded(model):
+        load_optimizer_state(model, optimizer, optimizer_state)
+    else:
+        optimizer.load_state_dict(optimizer_state)
     scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=True))
     _set_rng_state(torch.load(folder / "rng.pt", weights_only=True))
     log.info("resumed from %s", folder)

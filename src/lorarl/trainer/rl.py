@@ -23,8 +23,14 @@ from lorarl.rollouts import RolloutBatch
 from lorarl.run_folder import RunFolder
 from lorarl.trainer.batching import MicroBatch, TrainSample, micro_batches
 from lorarl.trainer.broadcast import write_adapter
-from lorarl.trainer.checkpoint import discard_after, load_checkpoint, save_checkpoint
-from lorarl.trainer.distributed import init_data_parallel
+from lorarl.trainer.checkpoint import (
+    discard_after,
+    find_checkpoint,
+    load_training_state,
+    load_weights,
+    save_checkpoint,
+)
+from lorarl.trainer.distributed import DataParallel, init_data_parallel
 from lorarl.trainer.loss import LossNorm, micro_batch_loss
 from lorarl.trainer.model import (
     apply_lora,
@@ -41,7 +47,7 @@ log = logging.getLogger("lorarl.trainer")
 
 
 def train(cfg: RLConfig) -> None:
-    dp = init_data_parallel()
+    dp = init_data_parallel(cfg.trainer.parallel.fsdp)
     run = RunFolder(cfg.run_dir).create()
     # Rank 0 alone logs, broadcasts and checkpoints: every rank holds the same adapter.
     monitor = cfg.monitor if dp.is_main else MonitorConfig(jsonl=False, console=False)
@@ -52,12 +58,11 @@ def train(cfg: RLConfig) -> None:
 
     cfg.lora.check_for_rl()
     device = dp.device()
-    model = apply_lora(load_model(cfg.model), cfg.lora).to(device)
+    model = apply_lora(load_model(cfg.model), cfg.lora)
     check_vllm_can_serve(model)
     if cfg.trainer.gradient_checkpointing:
         enable_gradient_checkpointing(model)
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    dp.sync_parameters(trainable)
+    dp.sync_parameters([p for p in model.parameters() if p.requires_grad])
     pad_id = model.config.pad_token_id or 0
     summary = parameter_summary(model)
     log.info(
@@ -65,17 +70,23 @@ def train(cfg: RLConfig) -> None:
         cfg.lora.rank, cfg.lora.target_modules, summary["params/trainable"], summary["params/total"],
         100 * summary["params/trainable"] / summary["params/total"], summary["params/trainable_bytes"] / 1e6,
     )  # fmt: skip
+    resume = find_checkpoint(run.root, cfg.resume.step) if cfg.resume is not None else None
+    if resume is not None:
+        load_weights(resume, model)  # into the whole model, before FSDP shards it
+    dp.place(model)
+    trainable = [p for p in model.parameters() if p.requires_grad]  # after `place`: FSDP made new ones
     optimizer = build_optimizer(model, cfg.trainer.optim)
     scheduler = build_scheduler(optimizer, cfg.trainer.scheduler, cfg.max_steps)
 
     start = 0
-    if cfg.resume is not None:
-        start = load_checkpoint(run.root, cfg.resume.step, model, optimizer, scheduler)["step"]
+    if resume is not None:
+        start = load_training_state(resume, model, optimizer, scheduler)["step"]
         if dp.is_main:
             discard_after(run.root, start, run.metrics)
+    # The policy the orchestrator starts from: version `start` (0, or the checkpoint's step). Writing
+    # it, as every adapter and checkpoint, takes every rank (FSDP gathers the weights); rank 0 writes.
+    write_adapter(model, run.broadcast(start))
     if dp.is_main:
-        # The policy the orchestrator starts from: version `start` (0, or the checkpoint's step).
-        write_adapter(model, run.broadcast(start))
         log.info("wrote the starting adapter to %s", run.broadcast(start))
 
     for step in range(start + 1, cfg.max_steps + 1):
@@ -99,7 +110,7 @@ def train(cfg: RLConfig) -> None:
         # Fixed from the whole batch, so that the micro-batch losses add up to the step's loss.
         norm = LossNorm.for_step(cfg.trainer.loss, samples)
         model.train()
-        step_stats = forward_backward(model, dp.shard(samples), cfg, norm, total_loss_tokens, pad_id, device)
+        step_stats = forward_backward(model, dp.shard(samples), cfg, norm, total_loss_tokens, pad_id, device, dp)
         dp.sum_gradients(trainable)
         step_stats = dp.sum_values(step_stats)
         loss_sum = step_stats.pop("loss")
@@ -112,11 +123,10 @@ def train(cfg: RLConfig) -> None:
         optimizer.zero_grad(set_to_none=True)
         t_optim = time.perf_counter()
 
-        if dp.is_main:
-            write_adapter(model, run.broadcast(step))
+        write_adapter(model, run.broadcast(step))
         t_broadcast = time.perf_counter()
         ckpt = cfg.trainer.ckpt
-        if dp.is_main and ckpt.interval is not None and step % ckpt.interval == 0:
+        if ckpt.interval is not None and step % ckpt.interval == 0:
             save_checkpoint(run.root, step, model, optimizer, scheduler, {}, ckpt.keep_last)
         t_end = time.perf_counter()
 
@@ -157,13 +167,16 @@ def forward_backward(
     total_loss_tokens: int,
     pad_id: int,
     device: torch.device,
+    dp: DataParallel | None = None,
 ) -> dict[str, float]:
     """Accumulate the gradient of these samples' share of the step loss, one forward batch at a time.
     Returns that share of the loss ("loss") and of each stat: the stats are means over loss tokens,
     weighted by the batch's share of the step's `total_loss_tokens`, so that the shares of all
-    batches (and ranks) add up to the step's mean."""
+    batches (and ranks) add up to the step's mean. `dp` (with fsdp) adds passes without loss tokens
+    until every rank is done."""
     shares: dict[str, float] = {"loss": 0.0}
-    for mb in forward_batches(samples, cfg, pad_id):
+    filler = next(iter(forward_batches([TrainSample.no_loss(pad_id)], cfg, pad_id)))
+    for mb in (dp or DataParallel()).same_passes(forward_batches(samples, cfg, pad_id), filler):
         loss, stats = micro_batch_loss(model, mb.to(device), cfg.trainer.loss, norm)
         loss.backward()
         shares["loss"] += loss.item()
@@ -173,9 +186,7 @@ def forward_backward(
     return shares
 
 
-def forward_batches(
-    samples: Sequence[TrainSample], cfg: RLConfig, pad_id: int
-) -> Iterator[MicroBatch] | Iterator[PackedBatch]:
+def forward_batches(samples: Sequence[TrainSample], cfg: RLConfig, pad_id: int) -> Iterator[MicroBatch | PackedBatch]:
     """`micro_batch_size` padded samples per forward pass, or with `packing` as many packed rows of up
     to `seq_len` tokens (the same bound on tokens per pass). Either way grouped by temperature."""
     if not cfg.trainer.packing:

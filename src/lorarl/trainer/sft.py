@@ -5,8 +5,9 @@ tokens (`data.loss_on`). Gradients accumulate over forward/backward passes of `m
 samples, or with `packing` of `micro_batch_size` packed rows of up to `seq_len` tokens (the same
 bound on tokens per pass). Every `eval.interval` steps it measures the loss on held-out data, and
 every `ckpt.interval` steps it writes a checkpoint that `--resume` continues from. The result lands
-in `<run_dir>/final/`, which an RL config starts from with `model.lora.init_adapter`. One process
-on one device (the GPU when there is one): no data parallel yet.
+in `<run_dir>/final/`, which an RL config starts from with `model.lora.init_adapter`. With
+`parallel.dp` N ranks train on shares of every step (distributed.py); `parallel.fsdp` also shards
+the weights over them (fsdp.py), LoRA or full fine-tuning alike.
 """
 
 from __future__ import annotations
@@ -26,8 +27,15 @@ from lorarl.config.models import MonitorConfig, SFTConfig
 from lorarl.monitor.metrics import MetricsLogger
 from lorarl.run_folder import RunFolder
 from lorarl.trainer.batching import MicroBatch, TrainSample, micro_batches
-from lorarl.trainer.checkpoint import discard_after, load_checkpoint, save_checkpoint
+from lorarl.trainer.checkpoint import (
+    discard_after,
+    find_checkpoint,
+    load_training_state,
+    load_weights,
+    save_checkpoint,
+)
 from lorarl.trainer.distributed import DataParallel, init_data_parallel
+from lorarl.trainer.fsdp import gathered_weights
 from lorarl.trainer.loss import token_logprobs
 from lorarl.trainer.model import apply_lora, load_model, parameter_summary
 from lorarl.trainer.optim import build_optimizer, build_scheduler
@@ -38,7 +46,7 @@ log = logging.getLogger("lorarl.sft")
 
 
 def train(cfg: SFTConfig) -> Path:
-    dp = init_data_parallel()
+    dp = init_data_parallel(cfg.parallel.fsdp)
     run = RunFolder(cfg.run_dir).create()
     torch.manual_seed(cfg.seed)
 
@@ -51,24 +59,28 @@ def train(cfg: SFTConfig) -> Path:
     base = load_model(cfg.model)
     # Both save_pretrained as the result folder: a PEFT adapter, or a whole model for full fine-tuning.
     model: PreTrainedModel | PeftModel = base if cfg.model.lora is None else apply_lora(base, cfg.model.lora)
-    model.to(dp.device())  # type: ignore[arg-type]  # transformers' decorator hides nn.Module.to's signature
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    dp.sync_parameters(trainable)
+    dp.sync_parameters([p for p in model.parameters() if p.requires_grad])
     summary = parameter_summary(model)
     log.info("training %d of %d parameters (%s)", summary["params/trainable"], summary["params/total"],
              "LoRA" if cfg.model.lora else "full")  # fmt: skip
+    resume = find_checkpoint(run.root, cfg.resume.step) if cfg.resume is not None else None
+    if resume is not None:
+        load_weights(resume, model)  # into the whole model, before FSDP shards it
+    dp.place(model)
+    trainable = [p for p in model.parameters() if p.requires_grad]  # after `place`: FSDP made new ones
     optimizer = build_optimizer(model, cfg.optim)
     scheduler = build_scheduler(optimizer, cfg.scheduler, cfg.max_steps)
     order = DataOrder(len(data.train), cfg.seed, cfg.data.shuffle)
 
     start = 0
-    if cfg.resume is not None:
-        state = load_checkpoint(run.root, cfg.resume.step, model, optimizer, scheduler)
+    if resume is not None:
+        state = load_training_state(resume, model, optimizer, scheduler)
         start = state["step"]
         order.load_state_dict(state["data"])
         if dp.is_main:
             discard_after(run.root, start, run.metrics)
-    # Rank 0 alone logs and writes checkpoints and the result: every rank holds the same weights.
+    # Rank 0 alone logs and writes checkpoints and the result: every rank holds the same weights (or
+    # with fsdp its shards of them, which every rank gathers for rank 0 to write).
     monitor = cfg.monitor if dp.is_main else MonitorConfig(jsonl=False, console=False)
     metrics = MetricsLogger(run.metrics, "sft", monitor, cfg.run_name)
 
@@ -102,14 +114,15 @@ def train(cfg: SFTConfig) -> Path:
                 eval_info = f" | eval {row['eval/loss']:.3f}"
             if row:
                 metrics.log(step, row)
-            if dp.is_main and cfg.ckpt.interval is not None and step % cfg.ckpt.interval == 0:
+            if cfg.ckpt.interval is not None and step % cfg.ckpt.interval == 0:
                 save_checkpoint(run.root, step, model, optimizer, scheduler, {"data": order.state_dict()},
                                 cfg.ckpt.keep_last)  # fmt: skip
             progress.update(task, advance=1, info=f"loss {stats.loss:.3f}{eval_info} | {tokens_per_s:,.0f} tok/s")
 
     final = run.root / "final"
+    weights = gathered_weights(model)  # None unless sharded
     if dp.is_main:
-        model.save_pretrained(str(final))
+        model.save_pretrained(str(final), state_dict=weights)
         tokenizer.save_pretrained(final)
         log.info("wrote %s", final)
     metrics.close()
@@ -131,7 +144,7 @@ def forward_backward(
     loss_tokens = max(1, sum(sum(s.loss_mask[1:]) for s in batch))  # of the whole batch: a global mean
     loss_sum = 0.0
     padded = 0
-    for mb in forward_batches(dp.shard(list(batch)), cfg, pad_id):
+    for mb in dp.same_passes(forward_batches(dp.shard(list(batch)), cfg, pad_id), no_loss_batch(cfg, pad_id)):
         loss = summed_nll(model, mb) / loss_tokens
         loss.backward()
         loss_sum += loss.item()
@@ -148,19 +161,24 @@ def evaluate(
     """Mean negative log-likelihood per loss token of `samples`, packed a step's worth at a time
     (packing many thousands of samples at once would take longer than scoring them)."""
     model.eval()
-    total = 0.0
     mine = dp.shard(list(samples))
-    for i in range(0, len(mine), cfg.batch_size):
-        total += sum(summed_nll(model, mb).item() for mb in forward_batches(mine[i : i + cfg.batch_size], cfg, pad_id))
+    batches = (
+        mb
+        for i in range(0, len(mine), cfg.batch_size)
+        for mb in forward_batches(mine[i : i + cfg.batch_size], cfg, pad_id)
+    )
+    total = sum(summed_nll(model, mb).item() for mb in dp.same_passes(batches, no_loss_batch(cfg, pad_id)))
     return dp.sum_values({"nll": total})["nll"] / max(1, sum(sum(s.loss_mask[1:]) for s in samples))
 
 
-def forward_batches(
-    samples: Sequence[TrainSample], cfg: SFTConfig, pad_id: int
-) -> Iterator[MicroBatch] | Iterator[PackedBatch]:
+def forward_batches(samples: Sequence[TrainSample], cfg: SFTConfig, pad_id: int) -> Iterator[MicroBatch | PackedBatch]:
     if cfg.packing:
         return packed_micro_batches(samples, cfg.seq_len, cfg.micro_batch_size, pad_id)
     return micro_batches(samples, cfg.micro_batch_size, pad_id)
+
+
+def no_loss_batch(cfg: SFTConfig, pad_id: int) -> MicroBatch | PackedBatch:
+    return next(iter(forward_batches([TrainSample.no_loss(pad_id)], cfg, pad_id)))
 
 
 def summed_nll(model: torch.nn.Module, mb: MicroBatch | PackedBatch) -> torch.Tensor:
