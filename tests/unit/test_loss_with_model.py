@@ -20,7 +20,7 @@ from lorarl.trainer.batching import TrainSample, micro_batches
 from lorarl.trainer.loss import LossNorm, micro_batch_loss, policy_loss, token_logprobs
 from lorarl.trainer.model import apply_lora, enable_gradient_checkpointing
 from lorarl.trainer.packing import PackedBatch
-from lorarl.trainer.rl import forward_backward, forward_batches, train
+from lorarl.trainer.rl import forward_backward, forward_passes, train
 
 TEMPERATURE = 0.8
 
@@ -180,7 +180,7 @@ def test_packed_rows_give_the_loss_gradients_and_stats_of_padded_rows(loss: dict
         return RLConfig(model={"name": "tiny"}, seq_len=SEQ_LEN, trainer={"micro_batch_size": 2, "packing": packing,
                         "loss": loss | {"norm_constant": 200.0 if loss["norm"] == "constant" else None}})  # fmt: skip
 
-    packed = list(forward_batches(samples, config(True), pad_id=0))
+    packed = list(forward_passes(config(True), pad_id=0).split(samples))
     assert all(isinstance(b, PackedBatch) for b in packed)
     # Both temperatures, rows of several samples, the long sample in a row of its own.
     assert {b.temperature for b in packed} == {0.7, 1.2}
@@ -233,7 +233,7 @@ def test_trainer_steps_on_written_rollouts_log_the_loss_metrics(tiny_model: Path
         trainer = {"micro_batch_size": 3 if packing else 2, "gradient_checkpointing": True, "packing": packing}
         cfg = RLConfig(model={"name": str(tiny_model)}, max_steps=2, output_dir=tmp_path, run_name=f"packing-{packing}",
                        monitor={"console": False}, trainer=trainer | {"loss": loss})  # fmt: skip
-        rows_per_pass = [b.input_ids.shape[0] for b in forward_batches(rollout_samples(), cfg, pad_id=0)]
+        rows_per_pass = [b.input_ids.shape[0] for b in forward_passes(cfg, pad_id=0).split(rollout_samples())]
         assert rows_per_pass == ([1] if packing else [2, 1])
         run = RunFolder(cfg.run_dir).create()
         for step in (1, 2):

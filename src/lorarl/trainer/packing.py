@@ -27,7 +27,7 @@ from typing import Any, cast
 import torch
 from transformers import PreTrainedModel
 
-from lorarl.trainer.batching import TrainSample, by_temperature
+from lorarl.trainer.batching import MicroBatch, TrainSample, by_temperature, micro_batches
 from lorarl.trainer.loss import token_logprobs
 
 # Attention implementations that take a custom 4D mask: a boolean one (True = attend) for sdpa,
@@ -114,6 +114,30 @@ def pack_rows(lengths: Sequence[int], capacity: int) -> list[list[int]]:
         rows[row].append(i)
         room[row] -= lengths[i]
     return rows
+
+
+@dataclass(frozen=True)
+class ForwardPasses:
+    """How a trainer splits samples into forward passes: `micro_batch_size` padded samples per pass,
+    or with `packing` as many packed rows of up to `seq_len` tokens (the same bound on tokens per
+    pass). Either way grouped by temperature."""
+
+    packing: bool
+    seq_len: int
+    micro_batch_size: int
+    pad_id: int
+
+    def split(self, samples: Sequence[TrainSample]) -> Iterator[MicroBatch | PackedBatch]:
+        if not self.packing:
+            return micro_batches(samples, self.micro_batch_size, self.pad_id)
+        # A multi-turn sample can outgrow seq_len: the episode ends on an environment reply that filled
+        # it (no loss tokens there, but still input). Such a sample gets a row of its own.
+        capacity = max(self.seq_len, max((len(s.input_ids) for s in samples), default=0))
+        return packed_micro_batches(samples, capacity, self.micro_batch_size, self.pad_id)
+
+    def without_loss(self) -> MicroBatch | PackedBatch:
+        """A pass without loss tokens, for a rank that has run out of its own (`same_passes`)."""
+        return next(iter(self.split([TrainSample.no_loss(self.pad_id)])))
 
 
 def packed_micro_batches(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import peft
@@ -21,7 +21,7 @@ from lorarl.config.models import MonitorConfig, RLConfig
 from lorarl.monitor.metrics import MetricsLogger
 from lorarl.rollouts import RolloutBatch
 from lorarl.run_folder import RunFolder
-from lorarl.trainer.batching import MicroBatch, TrainSample, micro_batches
+from lorarl.trainer.batching import TrainSample
 from lorarl.trainer.broadcast import write_adapter
 from lorarl.trainer.checkpoint import (
     discard_after,
@@ -41,7 +41,7 @@ from lorarl.trainer.model import (
     peak_memory_gib,
 )
 from lorarl.trainer.optim import build_optimizer, build_scheduler
-from lorarl.trainer.packing import PackedBatch, packed_micro_batches
+from lorarl.trainer.packing import ForwardPasses
 
 log = logging.getLogger("lorarl.trainer")
 
@@ -175,8 +175,8 @@ def forward_backward(
     batches (and ranks) add up to the step's mean. `dp` (with fsdp) adds passes without loss tokens
     until every rank is done."""
     shares: dict[str, float] = {"loss": 0.0}
-    filler = next(iter(forward_batches([TrainSample.no_loss(pad_id)], cfg, pad_id)))
-    for mb in (dp or DataParallel()).same_passes(forward_batches(samples, cfg, pad_id), filler):
+    passes = forward_passes(cfg, pad_id)
+    for mb in (dp or DataParallel()).same_passes(passes.split(samples), passes.without_loss()):
         loss, stats = micro_batch_loss(model, mb.to(device), cfg.trainer.loss, norm)
         loss.backward()
         shares["loss"] += loss.item()
@@ -186,15 +186,8 @@ def forward_backward(
     return shares
 
 
-def forward_batches(samples: Sequence[TrainSample], cfg: RLConfig, pad_id: int) -> Iterator[MicroBatch | PackedBatch]:
-    """`micro_batch_size` padded samples per forward pass, or with `packing` as many packed rows of up
-    to `seq_len` tokens (the same bound on tokens per pass). Either way grouped by temperature."""
-    if not cfg.trainer.packing:
-        return micro_batches(samples, cfg.trainer.micro_batch_size, pad_id)
-    # A multi-turn sample can outgrow seq_len: the episode ends on an environment reply that filled it
-    # (no loss tokens there, but still input). Such a sample gets a row of its own.
-    capacity = max(cfg.seq_len, max((len(s.input_ids) for s in samples), default=0))
-    return packed_micro_batches(samples, capacity, cfg.trainer.micro_batch_size, pad_id)
+def forward_passes(cfg: RLConfig, pad_id: int) -> ForwardPasses:
+    return ForwardPasses(cfg.trainer.packing, cfg.seq_len, cfg.trainer.micro_batch_size, pad_id)
 
 
 def wait_for_batch(folder: Path, step: int, timeout: float, poll: float = 0.05) -> RolloutBatch:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +26,7 @@ from transformers import AutoTokenizer, PreTrainedModel
 from lorarl.config.models import MonitorConfig, SFTConfig
 from lorarl.monitor.metrics import MetricsLogger
 from lorarl.run_folder import RunFolder
-from lorarl.trainer.batching import MicroBatch, TrainSample, micro_batches
+from lorarl.trainer.batching import MicroBatch, TrainSample
 from lorarl.trainer.checkpoint import (
     discard_after,
     find_checkpoint,
@@ -39,7 +39,7 @@ from lorarl.trainer.fsdp import gathered_weights
 from lorarl.trainer.loss import token_logprobs
 from lorarl.trainer.model import apply_lora, load_model, parameter_summary
 from lorarl.trainer.optim import build_optimizer, build_scheduler
-from lorarl.trainer.packing import PackedBatch, packed_micro_batches, packed_token_logprobs
+from lorarl.trainer.packing import ForwardPasses, PackedBatch, packed_token_logprobs
 from lorarl.trainer.sft_data import DataOrder, load_sft_data
 
 log = logging.getLogger("lorarl.sft")
@@ -144,7 +144,8 @@ def forward_backward(
     loss_tokens = max(1, sum(sum(s.loss_mask[1:]) for s in batch))  # of the whole batch: a global mean
     loss_sum = 0.0
     padded = 0
-    for mb in dp.same_passes(forward_batches(dp.shard(list(batch)), cfg, pad_id), no_loss_batch(cfg, pad_id)):
+    passes = forward_passes(cfg, pad_id)
+    for mb in dp.same_passes(passes.split(dp.shard(list(batch))), passes.without_loss()):
         loss = summed_nll(model, mb) / loss_tokens
         loss.backward()
         loss_sum += loss.item()
@@ -162,23 +163,14 @@ def evaluate(
     (packing many thousands of samples at once would take longer than scoring them)."""
     model.eval()
     mine = dp.shard(list(samples))
-    batches = (
-        mb
-        for i in range(0, len(mine), cfg.batch_size)
-        for mb in forward_batches(mine[i : i + cfg.batch_size], cfg, pad_id)
-    )
-    total = sum(summed_nll(model, mb).item() for mb in dp.same_passes(batches, no_loss_batch(cfg, pad_id)))
+    passes = forward_passes(cfg, pad_id)
+    batches = (mb for i in range(0, len(mine), cfg.batch_size) for mb in passes.split(mine[i : i + cfg.batch_size]))
+    total = sum(summed_nll(model, mb).item() for mb in dp.same_passes(batches, passes.without_loss()))
     return dp.sum_values({"nll": total})["nll"] / max(1, sum(sum(s.loss_mask[1:]) for s in samples))
 
 
-def forward_batches(samples: Sequence[TrainSample], cfg: SFTConfig, pad_id: int) -> Iterator[MicroBatch | PackedBatch]:
-    if cfg.packing:
-        return packed_micro_batches(samples, cfg.seq_len, cfg.micro_batch_size, pad_id)
-    return micro_batches(samples, cfg.micro_batch_size, pad_id)
-
-
-def no_loss_batch(cfg: SFTConfig, pad_id: int) -> MicroBatch | PackedBatch:
-    return next(iter(forward_batches([TrainSample.no_loss(pad_id)], cfg, pad_id)))
+def forward_passes(cfg: SFTConfig, pad_id: int) -> ForwardPasses:
+    return ForwardPasses(cfg.packing, cfg.seq_len, cfg.micro_batch_size, pad_id)
 
 
 def summed_nll(model: torch.nn.Module, mb: MicroBatch | PackedBatch) -> torch.Tensor:
