@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 from lorarl.launcher.plan import torchrun
 from lorarl.rollouts import Rollout, RolloutBatch
 from lorarl.run_folder import RunFolder
-from tests.integration.helpers import rl_config, write_config
+from tests.integration.helpers import metrics, rl_config, run_rl, write_config
 
 pytestmark = pytest.mark.integration
 
@@ -156,3 +156,16 @@ def test_sft_with_fsdp_trains_as_one_process_and_resumes_either_way(
         shutil.rmtree(tmp_path / resumed / "final")
         again = sft_final(tiny_model, tmp_path, data, resumed, dp, lora, **settings, **extra, resume={"step": 2})
         assert_same_weights(again, sharded if written == "fsdp" else single)
+
+
+def test_rl_runs_sharded_data_parallel_trainer_ranks(tiny_model: Path, vllm_server: str, tmp_path: Path) -> None:
+    """Through `rl`: two fsdp trainer ranks under torchrun, rollouts from a real vLLM server."""
+    cfg = rl_config(tiny_model, tmp_path, "rl-fsdp", max_steps=2, **{"inference.urls": [vllm_server]})
+    cfg["trainer"] |= {"num_threads": 1, "parallel": {"dp": 2, "fsdp": True}}
+    result = run_rl(write_config(cfg, tmp_path / "rl.json"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = tmp_path / "rl-fsdp"
+    assert "--nproc-per-node=2" in (run / "configs" / "commands.txt").read_text()
+    assert sorted(r["step"] for r in metrics(run) if r["component"] == "trainer") == [1, 2]
+    # The orchestrator served every version the sharded trainer broadcast.
+    assert "policy version 2 loaded" in (run / "logs" / "orchestrator.log").read_text()
