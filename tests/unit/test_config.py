@@ -180,3 +180,13 @@ def test_fsdp_needs_ranks_to_shard_over(cls: type[RLConfig | SFTConfig], section
     cfg = load_config(cls, [*args, f"--{section}.dp", "2"])
     parallel = cfg.trainer.parallel if isinstance(cfg, RLConfig) else cfg.parallel
     assert parallel.fsdp and parallel.dp == 2
+
+
+def test_a_trainer_started_without_its_ranks_says_how_to_start_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    from lorarl.config.models import ParallelConfig
+    from lorarl.trainer.distributed import init_data_parallel
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(RuntimeError, match="parallel.dp = 2, but this process is one of 1 rank.*torchrun"):
+        init_data_parallel(ParallelConfig(dp=2, fsdp=True))
+    assert init_data_parallel(ParallelConfig()).world_size == 1

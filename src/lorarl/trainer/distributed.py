@@ -17,6 +17,7 @@ from typing import TypeVar
 import torch
 import torch.distributed as dist
 
+from lorarl.config.models import ParallelConfig
 from lorarl.trainer.fsdp import shard_model
 
 T = TypeVar("T")
@@ -100,13 +101,19 @@ def is_main_process() -> bool:
     return not dist.is_initialized() or dist.get_rank() == 0
 
 
-def init_data_parallel(fsdp: bool = False) -> DataParallel:
-    """From torchrun's environment; a plain process is rank 0 of 1, unsharded."""
+def init_data_parallel(parallel: ParallelConfig) -> DataParallel:
+    """From torchrun's environment, which must hold the `parallel.dp` ranks the config asks for (a
+    plain process is rank 0 of 1, unsharded)."""
     world_size = int(os.environ.get("WORLD_SIZE", 1))
+    if world_size != parallel.dp:
+        raise RuntimeError(
+            f"parallel.dp = {parallel.dp}, but this process is one of {world_size} rank(s): start the trainer "
+            f"through rl / sft, which run it under torchrun, or as `torchrun --nproc-per-node {parallel.dp} ...`"
+        )
     if world_size == 1:
         return DataParallel()
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     dist.init_process_group(backend)
-    return DataParallel(dist.get_rank(), world_size, fsdp)
+    return DataParallel(dist.get_rank(), world_size, parallel.fsdp)

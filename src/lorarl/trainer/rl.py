@@ -47,7 +47,7 @@ log = logging.getLogger("lorarl.trainer")
 
 
 def train(cfg: RLConfig) -> None:
-    dp = init_data_parallel(cfg.trainer.parallel.fsdp)
+    dp = init_data_parallel(cfg.trainer.parallel)
     run = RunFolder(cfg.run_dir).create()
     # Rank 0 alone logs, broadcasts and checkpoints: every rank holds the same adapter.
     monitor = cfg.monitor if dp.is_main else MonitorConfig(jsonl=False, console=False)

@@ -46,7 +46,7 @@ log = logging.getLogger("lorarl.sft")
 
 
 def train(cfg: SFTConfig) -> Path:
-    dp = init_data_parallel(cfg.parallel.fsdp)
+    dp = init_data_parallel(cfg.parallel)
     run = RunFolder(cfg.run_dir).create()
     torch.manual_seed(cfg.seed)
 
