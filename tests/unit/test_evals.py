@@ -5,11 +5,12 @@ from lorarl.orchestrator.envs import load_environment
 from lorarl.orchestrator.evals import Evaluator
 
 
-def test_evals_are_due_at_zero_every_interval_and_at_the_end_once() -> None:
+def test_evals_are_claimed_at_zero_every_interval_and_at_the_end_once() -> None:
     ev = Evaluator(EvalConfig(interval=4, num_examples=2), [load_environment("reverse_text")], max_steps=10)
-    assert [v for v in range(11) if ev.due(v)] == [0, 4, 8, 10]
-    asyncio.run(ev.run(4, lambda env, ex, n: _rewards([0.0] * n)))
-    assert not ev.due(4)
+    assert [v for v in range(11) if ev.claim(v)] == [0, 4, 8, 10]
+    assert not ev.claim(4)  # each once
+    resumed = Evaluator(EvalConfig(interval=4, num_examples=2), [load_environment("reverse_text")], 10, done_through=4)
+    assert [v for v in range(11) if resumed.claim(v)] == [8, 10]
 
 
 async def _rewards(values: list[float]) -> list[float]:

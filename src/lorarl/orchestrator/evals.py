@@ -24,15 +24,18 @@ class Evaluator:
         self.cfg, self.max_steps, self.done_through = cfg, max_steps, done_through
         # The same held-out examples at every eval, so curves compare like with like.
         self.sets = [(env, list(islice(env.eval_examples(random.Random(cfg.seed)), cfg.num_examples))) for env in envs]
-        self._done: set[int] = set()
+        self._claimed: set[int] = set()
 
-    def due(self, version: int) -> bool:
-        """Versions 0 (the starting policy), every `interval`, and the last one are evaluated."""
+    def claim(self, version: int) -> bool:
+        """True once for each version to evaluate: 0 (the starting policy), every `interval`, and the
+        last one. Claimed when the eval starts, so that it is never started twice."""
         wanted = version % self.cfg.interval == 0 or version == self.max_steps
-        return wanted and version > self.done_through and version not in self._done
+        if not wanted or version <= self.done_through or version in self._claimed:
+            return False
+        self._claimed.add(version)
+        return True
 
     async def run(self, version: int, play: PlayRewards) -> dict[str, float]:
-        self._done.add(version)
         k = self.cfg.rollouts_per_example
         metrics: dict[str, float] = {}
         for env, examples in self.sets:

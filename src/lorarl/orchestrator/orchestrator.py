@@ -98,7 +98,7 @@ async def orchestrate(cfg: RLConfig) -> None:
         log.info("eval of policy %d: %s", version, ", ".join(f"{k} {v:.3f}" for k, v in results.items()))
 
     def start_due_eval() -> None:
-        if evaluator is not None and watcher.version is not None and evaluator.due(watcher.version):
+        if evaluator is not None and watcher.version is not None and evaluator.claim(watcher.version):
             version, _ = watcher.acquire()  # the whole eval plays this version, even once a newer one loads
             eval_tasks.add(asyncio.create_task(evaluate(version)))
 
