@@ -37,6 +37,8 @@ class StepPrinter:
             value = row.get(key)
             return "-" if value is None else format(value, fmt)
 
+        # Only under continuous batching (orchestrator.max_off_policy_steps) are groups ever dropped.
+        dropped = f" | dropped {orch['dropped/groups']}" if orch.get("dropped/groups") else ""
         return (
             f"step {trainer['step']:>4}/{self.max_steps}"
             f" | reward {get(orch, 'reward/mean', '.3f')}"
@@ -45,5 +47,5 @@ class StepPrinter:
             f" | loss {get(trainer, 'loss', '+.4f')}"
             f" | |dlogp| {get(trainer, 'mismatch/logprob_abs_diff', '.1e')}"
             f" | grad {get(trainer, 'grad_norm', '.3f')}"
-            f" | {get(trainer, 'time/step', '.1f')} s"
+            f"{dropped} | {get(trainer, 'time/step', '.1f')} s"
         )
