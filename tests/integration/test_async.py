@@ -46,11 +46,13 @@ def test_two_runs_share_one_inference_server(tiny_model: Path, vllm_server: str,
     with ModelListWatcher(vllm_server) as watcher:
         for name in ("alice", "bob"):
             cfg = rl_config(tiny_model, tmp_path, name, max_steps=3, **{"inference.urls": [vllm_server]})
+            cfg["monitor"]["console"] = name == "alice"  # bob's run prints no step lines
             procs[name] = subprocess.Popen(rl_command(write_config(cfg, tmp_path / f"{name}.json")),
                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
         for name, proc in procs.items():
-            _, err = proc.communicate(timeout=600)
+            out, err = proc.communicate(timeout=600)
             assert proc.returncode == 0, (name, err[-3000:])
+            assert ("step    3/3 | reward" in out) == (name == "alice"), out
     for name in ("alice", "bob"):
         assert {f"{name}-step{s}" for s in range(4)} <= watcher.seen
     # Each run's final adapter stays served from its own folder.

@@ -99,14 +99,18 @@ def supervise(cfg: RLConfig, run: RunFolder, specs: list[ProcessSpec], superviso
         supervisor.start(spec)
         log.info("started %s (log: %s)", spec.name, supervisor.log_path(spec.name))
     printer = StepPrinter(run.metrics, cfg.max_steps)
-    while True:
+
+    def print_steps() -> None:
         for line in printer.poll():
-            print(line, flush=True)
+            if cfg.monitor.console:
+                print(line, flush=True)
+
+    while True:
+        print_steps()
         if failed := supervisor.failed():
             return report_failure(supervisor, *failed)
         if supervisor.finished([s.name for s in roles]):
-            for line in printer.poll():
-                print(line, flush=True)
+            print_steps()
             log.info("run finished: %s", run.root)
             return 0
         time.sleep(0.5)
