@@ -33,6 +33,7 @@ def test_loss_on_modes_of_a_multi_turn_conversation() -> None:
     assert trained_text("assistant") == "yo<|im_end|>\nok!<|im_end|>\n"
     assert trained_text("last_turn") == "ok!<|im_end|>\n"
     assert trained_text("all") == whole
+    assert whole.count("<|im_start|>") == 5  # every turn, the system prompt included
 
 
 def write_jsonl(path: Path, records: list[dict]) -> Path:
