@@ -101,8 +101,8 @@ def supervise(cfg: RLConfig, run: RunFolder, specs: list[ProcessSpec], superviso
     printer = StepPrinter(run.metrics, cfg.max_steps)
 
     def print_steps() -> None:
-        for line in printer.poll():
-            if cfg.monitor.console:
+        if cfg.monitor.console:
+            for line in printer.poll():
                 print(line, flush=True)
 
     while True:
