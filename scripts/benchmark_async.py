@@ -21,7 +21,7 @@ from pathlib import Path
 
 from lorarl.config.loader import load_config
 from lorarl.config.models import RLConfig
-from lorarl.inference.server import wait_until_healthy
+from lorarl.inference.health import wait_until_healthy
 
 
 def summarize(run_dir: Path) -> dict[str, float]:
@@ -57,7 +57,7 @@ def main() -> None:
     )  # fmt: skip
     results = {}
     try:
-        wait_until_healthy(url, server, timeout=600)
+        wait_until_healthy([url], timeout=600, alive=lambda: server.poll() is None)
         for level in args.levels:
             name = f"bench-async-{level}" + ("-continuous" if args.continuous else "")
             continuous = ["--orchestrator.max_off_policy_steps", str(level)] if args.continuous else []

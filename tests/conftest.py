@@ -52,11 +52,11 @@ def vllm_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     with open(log, "wb") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
-    from lorarl.inference.server import wait_until_healthy
+    from lorarl.inference.health import wait_until_healthy
 
     try:
         try:
-            wait_until_healthy(url, proc, timeout=300)
+            wait_until_healthy([url], timeout=300, alive=lambda: proc.poll() is None)
         except RuntimeError as e:
             raise RuntimeError(f"{e}:\n{log.read_text()[-3000:]}") from None
         yield url

@@ -42,7 +42,6 @@ class RolloutBatch:
                 for r in self.rollouts:
                     f.write(json.dumps(asdict(r)) + "\n")
 
-        folder.parent.mkdir(parents=True, exist_ok=True)
         write_folder_atomically(folder, _write)
 
     @classmethod

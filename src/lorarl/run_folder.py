@@ -1,21 +1,41 @@
-"""The run folder (`output_dir/run_name/`): one place that knows its layout.
+"""The run folder (`output_dir/run_name/`): the one place that knows its layout.
 
-configs/  logs/  rollouts/step_N/  broadcasts/step_N/  metrics.jsonl  samples/step_N.jsonl
+    run.json              the marker: lorarl wrote this folder (kind, run name, config hash, start)
+    configs/  logs/       per-process configs and commands; one log per process
+    rollouts/step_N/      the batch for trainer step N
+    broadcasts/step_N/    the adapter after step N (PEFT folder, STABLE last)
+    checkpoints/step_N/   trainer/ and orchestrator/ halves
+    samples/step_N.jsonl  metrics.jsonl  final/
 
 Folders that another process reads are written under a temporary name and renamed, and adapter
-folders get `STABLE` last, so a reader never sees a half-written step.
+folders get `STABLE` last, so a reader never sees a half-written step. A folder is cleared only if
+its marker says lorarl wrote it, and then only the entries lorarl writes: a user's files are never
+touched.
 """
 
 from __future__ import annotations
 
+import datetime
+import hashlib
+import json
 import os
 import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 STABLE = "STABLE"
+MARKER = "run.json"
 _STEP = re.compile(r"^step_(\d+)$")
+# Everything lorarl writes at the top of a run folder; clearing never reaches beyond these.
+_OUTPUTS = ("configs", "logs", "rollouts", "broadcasts", "samples", "checkpoints", "final", "metrics.jsonl")
+# What a resumed run writes again from its checkpoint on; checkpoints and metrics carry over.
+_REGENERATED = ("rollouts", "broadcasts", "samples")
+
+
+class RunFolderError(Exception):
+    """The run folder cannot be used as asked; str() is one line for the user."""
 
 
 class RunFolder:
@@ -25,6 +45,8 @@ class RunFolder:
     configs = property(lambda self: self.root / "configs")
     logs = property(lambda self: self.root / "logs")
     metrics = property(lambda self: self.root / "metrics.jsonl")
+    final = property(lambda self: self.root / "final")
+    marker = property(lambda self: self.root / MARKER)
 
     def rollouts(self, step: int) -> Path:
         return self.root / "rollouts" / f"step_{step}"
@@ -35,6 +57,32 @@ class RunFolder:
     def samples(self, step: int) -> Path:
         return self.root / "samples" / f"step_{step}.jsonl"
 
+    def checkpoint(self, step: int) -> Path:
+        """Both halves of the checkpoint of `step`: `trainer/` and `orchestrator/`."""
+        return self.root / "checkpoints" / f"step_{step}"
+
+    def trainer_checkpoint(self, step: int) -> Path:
+        return self.checkpoint(step) / "trainer"
+
+    def orchestrator_checkpoint(self, step: int) -> Path:
+        return self.checkpoint(step) / "orchestrator"
+
+    def checkpoint_steps(self) -> list[int]:
+        """Steps whose trainer checkpoint is complete, oldest first."""
+        steps = step_folders(self.root / "checkpoints")
+        return sorted(s for s in steps if (self.trainer_checkpoint(s) / "state.json").is_file())
+
+    def resume_step(self, step: int | None) -> int:
+        """The step a run resumes from: `step`, or the latest complete checkpoint when None."""
+        steps = self.checkpoint_steps()
+        if not steps:
+            raise RunFolderError(f"--resume: no complete checkpoint in {self.root}")
+        if step is None:
+            return steps[-1]
+        if step not in steps:
+            raise RunFolderError(f"--resume.step {step}: no complete checkpoint of that step in {self.root} ({steps})")
+        return step
+
     def latest_stable_broadcast(self) -> int | None:
         """The highest step whose adapter folder is complete, or None."""
         steps = [s for s in step_folders(self.root / "broadcasts") if (self.broadcast(s) / STABLE).exists()]
@@ -44,6 +92,87 @@ class RunFolder:
         for d in (self.configs, self.logs):
             d.mkdir(parents=True, exist_ok=True)
         return self
+
+    def prepare(self, kind: str, config: dict[str, Any], resume: bool, overwrite: bool, dry_run: bool = False) -> str:
+        """Make the folder ready for a run of `kind` ("rl" or "sft"); call it once every other check
+        has passed. A new or empty folder gets the marker. A folder that holds a previous run is
+        reused only when asked: `resume` keeps its checkpoints and metrics (its logs move to
+        logs/previous-<time>/), `overwrite` clears everything lorarl wrote there. A `dry_run` makes
+        the same checks and deletes nothing: it marks a new folder as a dry run's, which the next run
+        reuses freely. Returns what was done, for the log; raises RunFolderError, having touched
+        nothing, when the folder cannot be used as asked."""
+        if resume and overwrite:
+            raise RunFolderError("--resume continues a run and --overwrite starts it over: give one of them")
+        if self.root.exists() and not self.root.is_dir():
+            raise RunFolderError(f"{self.root} is a file, not a run folder: choose another output_dir or run_name")
+        entries = list(self.root.iterdir()) if self.root.is_dir() else []
+        marker = self._read_marker() if entries else None
+        if entries and marker is None:
+            raise RunFolderError(
+                f"{self.root} is not empty and was not written by lorarl (no {MARKER}): it is left untouched; "
+                "choose another output_dir or run_name"
+            )
+        previous = None if marker is None or marker.get("dry_run") else marker
+        if resume:
+            if previous is None:
+                raise RunFolderError(f"--resume: {self.root} holds no run to resume")
+            if previous.get("kind") != kind:
+                raise RunFolderError(f"--resume: {self.root} holds an {previous.get('kind')} run, not an {kind} run")
+        elif previous is not None and not overwrite:
+            raise RunFolderError(
+                f"{self.root} holds a previous {previous.get('kind')} run (started {previous.get('started')}): "
+                "continue it with --resume, or start over with --overwrite, which deletes its outputs"
+            )
+        if dry_run:
+            if marker is None:
+                self.root.mkdir(parents=True, exist_ok=True)
+                self._write_marker(kind, config, None, dry_run=True)
+            return f"dry run: {self.root} checked, nothing cleared"
+        if resume:
+            self._remove(_REGENERATED)
+            self._rotate_logs()
+            done = f"resuming the {kind} run in {self.root}"
+        elif marker is not None:
+            self._remove(_OUTPUTS)
+            done = f"cleared the previous run's outputs in {self.root}"
+        else:
+            done = f"new run folder {self.root}"
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._write_marker(kind, config, previous if resume else None)
+        return done
+
+    def _read_marker(self) -> dict[str, Any] | None:
+        try:
+            marker = json.loads(self.marker.read_text())
+        except (OSError, ValueError):
+            return None
+        return marker if isinstance(marker, dict) and marker.get("lorarl") else None
+
+    def _write_marker(
+        self, kind: str, config: dict[str, Any], previous: dict[str, Any] | None, dry_run: bool = False
+    ) -> None:
+        digest = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+        marker = {"lorarl": 1, "kind": kind, "run_name": self.root.name, "config_hash": digest,
+                  "started": previous["started"] if previous else now,
+                  "resumed": [*previous.get("resumed", []), now] if previous else [],
+                  **({"dry_run": True} if dry_run else {})}  # fmt: skip
+        write_file_atomically(self.marker, json.dumps(marker, indent=2) + "\n")
+
+    def _remove(self, names: tuple[str, ...]) -> None:
+        for path in (self.root / name for name in names):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            elif path.exists() or path.is_symlink():
+                path.unlink()
+
+    def _rotate_logs(self) -> None:
+        logs = sorted(self.logs.glob("*.log")) if self.logs.is_dir() else []
+        if logs:
+            kept = self.logs / f"previous-{datetime.datetime.now(datetime.UTC):%Y%m%dT%H%M%S}"
+            kept.mkdir()
+            for log in logs:
+                log.rename(kept / log.name)
 
 
 def step_folders(parent: Path) -> list[int]:
@@ -59,6 +188,7 @@ def write_folder_atomically(dest: Path, write: Callable[[Path], object], stable_
     With `stable_marker`, an empty `STABLE` file is added after everything else, for readers that
     poll for it (vLLM adapter loading).
     """
+    dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -67,3 +197,11 @@ def write_folder_atomically(dest: Path, write: Callable[[Path], object], stable_
     os.replace(tmp, dest)
     if stable_marker:
         (dest / STABLE).touch()
+
+
+def write_file_atomically(dest: Path, text: str) -> None:
+    """Write `text` to a temporary sibling, then rename it over `dest`: a reader sees the old file or
+    the new one, never a half-written one."""
+    tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, dest)

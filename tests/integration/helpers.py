@@ -41,8 +41,13 @@ def write_config(cfg: dict[str, Any], path: Path) -> Path:
     return path
 
 
+def console_script(name: str) -> str:
+    """The installed command (`rl`, `sft`, ...) of the environment running the tests, as users run it."""
+    return str(Path(sys.executable).parent / name)
+
+
 def rl_command(config: Path, *flags: str) -> list[str]:
-    return [sys.executable, "-m", "lorarl.cli.rl", "@", str(config), *flags]
+    return [console_script("rl"), "@", str(config), *flags]
 
 
 def run_rl(config: Path, *flags: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:

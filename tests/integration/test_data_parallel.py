@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 from lorarl.launcher.plan import torchrun
 from lorarl.rollouts import Rollout, RolloutBatch
 from lorarl.run_folder import RunFolder
-from tests.integration.helpers import metrics, rl_config, run_rl, write_config
+from tests.integration.helpers import console_script, metrics, rl_config, run_rl, write_config
 
 pytestmark = pytest.mark.integration
 
@@ -108,7 +108,7 @@ def sft_final(
     cfg["parallel"] = {"dp": dp, **overrides.get("parallel", {})}
     config = write_config(cfg, out / f"{name}.json")
     # `sft` starts itself under torchrun when parallel.dp > 1.
-    result = subprocess.run([sys.executable, "-m", "lorarl.cli.sft", "@", str(config)], capture_output=True, text=True)
+    result = subprocess.run([console_script("sft"), "@", str(config)], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     return load_file(next((out / name / "final").glob("*.safetensors")))
 

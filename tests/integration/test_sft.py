@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.integration.helpers import rl_config, run_rl, write_config
+from tests.integration.helpers import console_script, rl_config, run_rl, write_config
 
 pytestmark = pytest.mark.integration
 
@@ -32,7 +31,7 @@ def run_sft(tiny_model: Path, tmp_path: Path, data: Path, *flags: str) -> subpro
         "data": {"path": str(data)}, "optim": {"lr": 1e-2}, "monitor": {"console": False},
     }  # fmt: skip
     config = write_config(cfg, tmp_path / "sft.json")
-    cmd = [sys.executable, "-m", "lorarl.cli.sft", "@", str(config), *flags]
+    cmd = [console_script("sft"), "@", str(config), *flags]
     return subprocess.run(cmd, capture_output=True, text=True)
 
 

@@ -10,8 +10,8 @@ from safetensors.torch import load_file
 import lorarl.trainer.sft as sft
 from lorarl.config.loader import load_config
 from lorarl.config.models import SFTConfig
+from lorarl.run_folder import RunFolder, RunFolderError
 from lorarl.tiny_model import save_tiny_model
-from lorarl.trainer.checkpoint import checkpoint_steps
 
 # Numbers that do not change between runs; tokens_per_s and times do.
 LOGGED = ("loss", "grad_norm", "lr", "padding_frac", "epoch")
@@ -63,8 +63,8 @@ def test_resume_from_the_latest_checkpoint_after_a_crash(
     crashing = config(setup, tmp_path / "b", lora, "--ckpt.interval", "2")
     save = sft.save_checkpoint
 
-    def save_then_crash_at_4(run_dir: Path, step: int, *args: object) -> Path:
-        path = save(run_dir, step, *args)  # type: ignore[arg-type]
+    def save_then_crash_at_4(run: RunFolder, step: int, *args: object) -> Path:
+        path = save(run, step, *args)  # type: ignore[arg-type]
         if step == 4:
             raise KeyboardInterrupt
         return path
@@ -73,7 +73,7 @@ def test_resume_from_the_latest_checkpoint_after_a_crash(
     with pytest.raises(KeyboardInterrupt):
         sft.train(crashing)
     monkeypatch.undo()
-    assert checkpoint_steps(crashing.run_dir) == [2, 4]
+    assert RunFolder(crashing.run_dir).checkpoint_steps() == [2, 4]
 
     resumed = config(setup, tmp_path / "b", lora, "--ckpt.interval", "2", "--resume")
     assert resumed.resume is not None and resumed.resume.step is None
@@ -86,7 +86,7 @@ def test_resume_from_an_earlier_step_rewrites_what_came_after(setup: tuple[Path,
     sft.train(straight)
     finished = config(setup, tmp_path / "b", True, "--ckpt.interval", "2", "--ckpt.keep_last", "2")
     sft.train(finished)
-    assert checkpoint_steps(finished.run_dir) == [4, 6]
+    assert RunFolder(finished.run_dir).checkpoint_steps() == [4, 6]
     state = json.loads((finished.run_dir / "checkpoints" / "step_4" / "trainer" / "state.json").read_text())
     assert state == {"step": 4, "data": {"consumed": 16, "num_samples": 8}}
     assert (finished.run_dir / "checkpoints" / "step_4" / "trainer" / "adapter" / "adapter_config.json").is_file()
@@ -95,7 +95,7 @@ def test_resume_from_an_earlier_step_rewrites_what_came_after(setup: tuple[Path,
     resumed = config(setup, tmp_path / "b", True, "--ckpt.interval", "2", "--resume.step", "4")
     sft.train(resumed)
     assert_same_run(result(straight), result(resumed))
-    assert checkpoint_steps(finished.run_dir) == [4, 6]
+    assert RunFolder(finished.run_dir).checkpoint_steps() == [4, 6]
 
-    with pytest.raises(FileNotFoundError, match=r"no checkpoint of step 3 .* \(there are \[4, 6\]\)"):
+    with pytest.raises(RunFolderError, match=r"--resume.step 3: no complete checkpoint of that step .* \(\[4, 6\]\)"):
         sft.train(config(setup, tmp_path / "b", True, "--resume.step", "3"))

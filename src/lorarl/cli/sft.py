@@ -1,27 +1,54 @@
 """`sft @ cfg.toml`: supervised fine-tuning (LoRA from [model.lora], or full without it).
 
-With `--parallel.dp N` it starts itself again under torchrun as N data-parallel ranks.
+The run folder is checked and prepared (see RunFolder.prepare) before anything else. With
+`--parallel.dp N` it starts itself again under torchrun as N data-parallel ranks.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
 from lorarl.cli.common import load_or_exit, setup_logging
 from lorarl.config.models import SFTConfig
 from lorarl.launcher.plan import torchrun
+from lorarl.launcher.preflight import PreflightError, check_model
+from lorarl.run_folder import RunFolder, RunFolderError
+
+log = logging.getLogger("lorarl.sft")
+# Set for the torchrun ranks of an `sft` that has prepared the run folder already.
+_PREPARED = "LORARL_SFT_RUN_PREPARED"
 
 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     cfg = load_or_exit(SFTConfig, args)
-    if cfg.parallel.dp > 1 and "WORLD_SIZE" not in os.environ:
-        os.execv(sys.executable, [*torchrun(cfg.parallel.dp), "-m", "lorarl.cli.sft", *args])
     setup_logging("sft")
+    if os.environ.get(_PREPARED) != str(cfg.run_dir):
+        prepare(cfg)
+    if cfg.parallel.dp > 1 and "WORLD_SIZE" not in os.environ:
+        os.environ[_PREPARED] = str(cfg.run_dir)
+        os.execv(sys.executable, [*torchrun(cfg.parallel.dp), "-m", "lorarl.cli.sft", *args])
     from lorarl.trainer.sft import train  # torch and transformers load only once the config is valid
 
     train(cfg)
+
+
+def prepare(cfg: SFTConfig) -> None:
+    run = RunFolder(cfg.run_dir)
+    try:
+        check_model(cfg.model)
+        if cfg.model.lora is not None:
+            cfg.model.lora.check_init_adapter()
+        if not cfg.data.path.exists():
+            raise PreflightError(f"data.path: {cfg.data.path} not found")
+        if cfg.resume is not None:
+            run.resume_step(cfg.resume.step)
+        log.info(run.prepare("sft", cfg.model_dump(mode="json"), cfg.resume is not None, cfg.overwrite))
+    except (PreflightError, RunFolderError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

@@ -288,6 +288,24 @@ class SharedConfig(Section):
     run_name: str = Field("default", pattern=r"^[A-Za-z0-9._-]+$")
     seed: int = 0
     monitor: MonitorConfig = MonitorConfig()
+    overwrite: bool = Field(False, exclude=True)
+    """Start over in a run folder that holds a previous run, deleting what lorarl wrote there
+    (never other files); without it (or `--resume`) such a folder is refused."""
+
+    @field_validator("run_name", mode="after")
+    @classmethod
+    def _one_path_component(cls, value: str) -> str:
+        if value in (".", ".."):
+            raise ValueError(f"run_name {value!r} would name output_dir or its parent, not a run folder")
+        return value
+
+    @field_validator("output_dir", mode="before")
+    @classmethod
+    def _a_folder_for_runs(cls, value: Any) -> Any:
+        # A run folder is cleared on --overwrite: it must not be '/' itself, nor the working directory by accident.
+        if isinstance(value, str | Path) and (str(value).strip() == "" or Path(value).resolve() == Path("/")):
+            raise ValueError(f"output_dir must be a folder for runs, not {str(value)!r}")
+        return value
 
     @property
     def run_dir(self) -> Path:

@@ -1,6 +1,6 @@
 """Async client for vLLM's OpenAI-compatible server: the calls the orchestrator makes.
 
-Uses one aiohttp session per worker: measured on the tiny model (VLLM_NOTES.md), a long-lived
+Uses one aiohttp session per worker: measured on the tiny model (docs/vllm.md), a long-lived
 httpx.AsyncClient slowed concurrent batches 4-10x; aiohttp did not.
 """
 
@@ -76,21 +76,6 @@ class InferenceClient:
             raise InferenceError(f"{method} {self.base_url}{path} -> {status}: {text[:500]}")
         return json_lib.loads(text)
 
-    async def is_healthy(self) -> bool:
-        try:
-            status, _ = await self._request("GET", "/health")
-        except (TimeoutError, aiohttp.ClientError):
-            return False
-        return status == 200
-
-    async def wait_healthy(self, timeout: float, poll: float = 1.0) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while not await self.is_healthy():
-            if loop.time() > deadline:
-                raise InferenceError(f"{self.base_url} did not become healthy within {timeout:.0f} s")
-            await asyncio.sleep(poll)
-
     async def models(self) -> list[dict[str, Any]]:
         return list((await self._json("GET", "/v1/models"))["data"])
 
@@ -148,9 +133,6 @@ class WorkerPool:
         if not urls:
             raise ValueError("no inference worker URLs")
         self.workers = [InferenceClient(u, timeout) for u in urls]
-
-    async def wait_healthy(self, timeout: float) -> None:
-        await asyncio.gather(*(w.wait_healthy(timeout) for w in self.workers))
 
     def busy_seconds(self) -> float:
         """Busy time summed over workers, including requests still running."""

@@ -5,10 +5,7 @@ The same function serves `rl` (which starts the workers) and `inference` (one wo
 
 from __future__ import annotations
 
-import subprocess
 import sys
-import time
-import urllib.request
 
 from lorarl.config.models import VLLM_LORA_RANKS, RLConfig
 
@@ -59,23 +56,3 @@ def vllm_env(cfg: RLConfig, worker: int = 0, has_gpu: bool = False) -> dict[str,
     else:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.inference.kv_cache_gib)
     return env
-
-
-def is_healthy(url: str) -> bool:
-    """Whether the vLLM server at `url` answers GET /health with 200."""
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
-            return bool(resp.status == 200)
-    except OSError:
-        return False
-
-
-def wait_until_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float) -> None:
-    """Poll `url` until it is healthy; fail at once if `proc` (the server) exits first."""
-    deadline = time.monotonic() + timeout
-    while not is_healthy(url):
-        if proc.poll() is not None:
-            raise RuntimeError(f"vLLM for {url} exited with code {proc.returncode}")
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"vLLM at {url} not healthy after {timeout:.0f} s")
-        time.sleep(1)

@@ -18,13 +18,13 @@ import statistics
 import time
 from dataclasses import dataclass
 from itertools import islice
-from pathlib import Path
 from typing import Any
 
 from transformers import AutoTokenizer
 
 from lorarl.config.models import RLConfig
 from lorarl.inference.client import WorkerPool
+from lorarl.inference.health import wait_until_healthy
 from lorarl.inference.server import worker_urls
 from lorarl.monitor.metrics import MetricsLogger
 from lorarl.orchestrator.adapters import AdapterWatcher
@@ -37,7 +37,6 @@ from lorarl.orchestrator.evals import Evaluator
 from lorarl.orchestrator.sampler import ExampleSampler
 from lorarl.rollouts import Rollout, RolloutBatch
 from lorarl.run_folder import RunFolder, write_folder_atomically
-from lorarl.trainer.checkpoint import checkpoint_steps
 
 log = logging.getLogger("lorarl.orchestrator")
 
@@ -62,15 +61,15 @@ async def orchestrate(cfg: RLConfig) -> None:
     groups_per_step = ocfg.batch_size // ocfg.rollouts_per_example
     step = 1
     if cfg.resume is not None:  # continue after the trainer's checkpoint, with the same examples
-        resumed = cfg.resume.step or checkpoint_steps(run.root)[-1]
-        sampler.load_state_dict(json.loads((orchestrator_checkpoint(run, resumed) / "state.json").read_text()))
+        resumed = run.resume_step(cfg.resume.step)
+        sampler.load_state_dict(json.loads((run.orchestrator_checkpoint(resumed) / "state.json").read_text()))
         step = resumed + 1
         log.info("resuming at step %d", step)
 
     pool = WorkerPool(worker_urls(cfg))
     runner = EpisodeRunner(pool, tokenizer, ocfg.sampling, cfg.seq_len)
     log.info("waiting for %d inference worker(s): %s", len(pool.workers), [w.base_url for w in pool.workers])
-    await pool.wait_healthy(cfg.inference.startup_timeout)
+    await asyncio.to_thread(wait_until_healthy, worker_urls(cfg), cfg.inference.startup_timeout)
     watcher = AdapterWatcher(pool, run, cfg.run_name, delete_unloaded=ocfg.delete_old_broadcasts)
 
     async def play_group(env: Environment, example: Example, n: int, version: int) -> Group:
@@ -195,19 +194,15 @@ async def orchestrate(cfg: RLConfig) -> None:
             eval_metrics.close()
 
 
-def orchestrator_checkpoint(run: RunFolder, step: int) -> Path:
-    """Beside the trainer's checkpoint of the same step: the examples drawn up to that batch."""
-    return run.root / "checkpoints" / f"step_{step}" / "orchestrator"
-
-
 def save_orchestrator_checkpoint(run: RunFolder, step: int, sampler_state: dict[str, Any]) -> None:
-    folder = orchestrator_checkpoint(run, step)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    write_folder_atomically(folder, lambda d: (d / "state.json").write_text(json.dumps(sampler_state)))
+    """Beside the trainer's checkpoint of the same step: the examples drawn up to that batch."""
+    write_folder_atomically(
+        run.orchestrator_checkpoint(step), lambda d: (d / "state.json").write_text(json.dumps(sampler_state))
+    )
 
 
 def no_new_policy(run: RunFolder, timeout: float) -> TimeoutError:
-    return TimeoutError(f"no new adapter in {run.root / 'broadcasts'} after {timeout:.0f} s (is the trainer alive?)")
+    return TimeoutError(f"no new adapter in {run.broadcast(0).parent} after {timeout:.0f} s (is the trainer alive?)")
 
 
 def to_rollouts(groups: list[Group], std_normalize: bool, temperature: float) -> list[Rollout]:

@@ -17,5 +17,4 @@ def write_adapter(model: peft.PeftModel, folder: Path) -> None:
     weights = gathered_weights(model)
     if not is_main_process():
         return
-    folder.parent.mkdir(parents=True, exist_ok=True)
     write_folder_atomically(folder, lambda tmp: model.save_pretrained(str(tmp), state_dict=weights), stable_marker=True)

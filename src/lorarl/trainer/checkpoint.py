@@ -1,6 +1,6 @@
 """Trainer checkpoints: everything needed to continue a run exactly where it stopped.
 
-    <run_dir>/checkpoints/step_N/trainer/
+    checkpoints/step_N/trainer/   (RunFolder.trainer_checkpoint)
         adapter/          a PEFT adapter folder (LoRA; usable as model.lora.init_adapter), or
         model.safetensors every weight (full fine-tuning)
         optimizer.pt  scheduler.pt  rng.pt
@@ -23,25 +23,15 @@ import peft
 import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 
-from lorarl.run_folder import step_folders, write_folder_atomically
+from lorarl.run_folder import RunFolder, write_file_atomically, write_folder_atomically
 from lorarl.trainer.distributed import is_main_process
 from lorarl.trainer.fsdp import gathered_optimizer_state, gathered_weights, is_sharded, load_optimizer_state
 
 log = logging.getLogger("lorarl.checkpoint")
 
 
-def checkpoint_dir(run_dir: Path, step: int) -> Path:
-    return Path(run_dir) / "checkpoints" / f"step_{step}" / "trainer"
-
-
-def checkpoint_steps(run_dir: Path) -> list[int]:
-    """Steps with a complete checkpoint, oldest first."""
-    steps = step_folders(Path(run_dir) / "checkpoints")
-    return sorted(s for s in steps if (checkpoint_dir(run_dir, s) / "state.json").is_file())
-
-
 def save_checkpoint(
-    run_dir: Path,
+    run: RunFolder,
     step: int,
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -69,26 +59,18 @@ def save_checkpoint(
         torch.save(_rng_state(), folder / "rng.pt")
         (folder / "state.json").write_text(json.dumps({"step": step, **state}, indent=2))
 
-    dest = checkpoint_dir(run_dir, step)
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest = run.trainer_checkpoint(step)
     write_folder_atomically(dest, write)
     if keep_last is not None:
-        for old in checkpoint_steps(run_dir)[:-keep_last]:
-            shutil.rmtree(checkpoint_dir(run_dir, old).parent)
+        for old in run.checkpoint_steps()[:-keep_last]:
+            shutil.rmtree(run.checkpoint(old))
     return dest
 
 
-def find_checkpoint(run_dir: Path, step: int | None) -> Path:
-    """The checkpoint folder of `step` (None: the latest). Resuming restores it in two parts:
+def find_checkpoint(run: RunFolder, step: int | None) -> Path:
+    """The trainer checkpoint folder of `step` (None: the latest). Resuming restores it in two parts:
     `load_weights` into the model (before FSDP shards it), then `load_training_state`."""
-    steps = checkpoint_steps(run_dir)
-    if not steps:
-        raise FileNotFoundError(f"no checkpoint to resume from in {Path(run_dir) / 'checkpoints'}")
-    if step is None:
-        step = steps[-1]
-    elif step not in steps:
-        raise FileNotFoundError(f"no checkpoint of step {step} in {Path(run_dir) / 'checkpoints'} (there are {steps})")
-    return checkpoint_dir(run_dir, step)
+    return run.trainer_checkpoint(run.resume_step(step))
 
 
 def load_weights(folder: Path, model: torch.nn.Module) -> None:
@@ -122,15 +104,15 @@ def load_training_state(
     return json.loads((folder / "state.json").read_text())
 
 
-def discard_after(run_dir: Path, step: int, metrics: Path) -> None:
+def discard_after(run: RunFolder, step: int) -> None:
     """Forget what a run wrote after `step`, before it continues from there: later checkpoints,
     and metrics rows of later steps (the resumed run writes them again)."""
-    for later in (s for s in checkpoint_steps(run_dir) if s > step):
-        shutil.rmtree(checkpoint_dir(run_dir, later).parent)
+    for later in (s for s in run.checkpoint_steps() if s > step):
+        shutil.rmtree(run.checkpoint(later))
         log.info("removed checkpoint step_%d, written after the step resumed from", later)
-    if metrics.is_file():
-        lines = metrics.read_text().splitlines(keepends=True)
-        metrics.write_text("".join(line for line in lines if _row_step(line) <= step))
+    if run.metrics.is_file():
+        lines = run.metrics.read_text().splitlines(keepends=True)
+        write_file_atomically(run.metrics, "".join(line for line in lines if _row_step(line) <= step))
 
 
 def _row_step(line: str) -> float:

@@ -70,7 +70,7 @@ def train(cfg: RLConfig) -> None:
         cfg.lora.rank, cfg.lora.target_modules, summary["params/trainable"], summary["params/total"],
         100 * summary["params/trainable"] / summary["params/total"], summary["params/trainable_bytes"] / 1e6,
     )  # fmt: skip
-    resume = find_checkpoint(run.root, cfg.resume.step) if cfg.resume is not None else None
+    resume = find_checkpoint(run, cfg.resume.step) if cfg.resume is not None else None
     if resume is not None:
         load_weights(resume, model)  # into the whole model, before FSDP shards it
     dp.place(model)
@@ -82,7 +82,7 @@ def train(cfg: RLConfig) -> None:
     if resume is not None:
         start = load_training_state(resume, model, optimizer, scheduler)["step"]
         if dp.is_main:
-            discard_after(run.root, start, run.metrics)
+            discard_after(run, start)
     # The policy the orchestrator starts from: version `start` (0, or the checkpoint's step). Writing
     # it, as every adapter and checkpoint, takes every rank (FSDP gathers the weights); rank 0 writes.
     write_adapter(model, run.broadcast(start))
@@ -127,7 +127,7 @@ def train(cfg: RLConfig) -> None:
         t_broadcast = time.perf_counter()
         ckpt = cfg.trainer.ckpt
         if ckpt.interval is not None and step % ckpt.interval == 0:
-            save_checkpoint(run.root, step, model, optimizer, scheduler, {}, ckpt.keep_last)
+            save_checkpoint(run, step, model, optimizer, scheduler, {}, ckpt.keep_last)
         t_end = time.perf_counter()
 
         lags = [step - 1 - r.policy_version for r in batch.rollouts]

@@ -63,7 +63,7 @@ def train(cfg: SFTConfig) -> Path:
     summary = parameter_summary(model)
     log.info("training %d of %d parameters (%s)", summary["params/trainable"], summary["params/total"],
              "LoRA" if cfg.model.lora else "full")  # fmt: skip
-    resume = find_checkpoint(run.root, cfg.resume.step) if cfg.resume is not None else None
+    resume = find_checkpoint(run, cfg.resume.step) if cfg.resume is not None else None
     if resume is not None:
         load_weights(resume, model)  # into the whole model, before FSDP shards it
     dp.place(model)
@@ -78,7 +78,7 @@ def train(cfg: SFTConfig) -> Path:
         start = state["step"]
         order.load_state_dict(state["data"])
         if dp.is_main:
-            discard_after(run.root, start, run.metrics)
+            discard_after(run, start)
     # Rank 0 alone logs and writes checkpoints and the result: every rank holds the same weights (or
     # with fsdp its shards of them, which every rank gathers for rank 0 to write).
     monitor = cfg.monitor if dp.is_main else MonitorConfig(jsonl=False, console=False)
@@ -115,11 +115,11 @@ def train(cfg: SFTConfig) -> Path:
             if row:
                 metrics.log(step, row)
             if cfg.ckpt.interval is not None and step % cfg.ckpt.interval == 0:
-                save_checkpoint(run.root, step, model, optimizer, scheduler, {"data": order.state_dict()},
+                save_checkpoint(run, step, model, optimizer, scheduler, {"data": order.state_dict()},
                                 cfg.ckpt.keep_last)  # fmt: skip
             progress.update(task, advance=1, info=f"loss {stats.loss:.3f}{eval_info} | {tokens_per_s:,.0f} tok/s")
 
-    final = run.root / "final"
+    final = run.final
     weights = gathered_weights(model)  # None unless sharded
     if dp.is_main:
         model.save_pretrained(str(final), state_dict=weights)

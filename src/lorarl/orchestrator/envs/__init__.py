@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import inspect
+from collections.abc import Callable
 from typing import Any
 
 from lorarl.orchestrator.envs.alphabet_sort import AlphabetSort
@@ -17,17 +19,37 @@ BUILTIN: dict[str, type[Environment]] = {
 }
 
 
-def load_environment(env_id: str, args: dict[str, Any] | None = None) -> Environment:
-    """A built-in name (`reverse_text`) or `package.module:factory` returning an Environment."""
-    args = args or {}
+def resolve_environment(env_id: str) -> Callable[..., Environment]:
+    """The class or factory that `env_id` names, imported but not called: a built-in name
+    (`reverse_text`) or `package.module:factory`."""
     if env_id in BUILTIN:
-        return BUILTIN[env_id](**args)
+        return BUILTIN[env_id]
     if ":" not in env_id:
         raise ValueError(
             f"unknown environment {env_id!r}: built-ins are {sorted(BUILTIN)}, or give 'package.module:factory'"
         )
     module_name, factory_name = env_id.split(":", 1)
-    env = getattr(importlib.import_module(module_name), factory_name)(**args)
+    factory = getattr(importlib.import_module(module_name), factory_name)
+    if not callable(factory):
+        raise TypeError(f"{env_id} is a {type(factory).__name__}, not an Environment class or factory")
+    return factory  # type: ignore[no-any-return]
+
+
+def check_environment(env_id: str, args: dict[str, Any]) -> None:
+    """What can be known of an environment without building it (building runs the user's code):
+    that it resolves, and that its signature takes `args`."""
+    factory = resolve_environment(env_id)
+    try:
+        inspect.signature(factory).bind(**args)
+    except TypeError as e:
+        raise TypeError(f"args do not fit {getattr(factory, '__name__', env_id)}: {e}") from None
+    except ValueError:  # a callable without a signature (a C function): checked when built
+        pass
+
+
+def load_environment(env_id: str, args: dict[str, Any] | None = None) -> Environment:
+    """Build the environment `env_id` names with `args` (see `resolve_environment`)."""
+    env = resolve_environment(env_id)(**(args or {}))
     if not isinstance(env, Environment):
         raise TypeError(f"{env_id} returned {type(env).__name__}, not an Environment")
     return env

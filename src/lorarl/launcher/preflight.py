@@ -1,0 +1,76 @@
+"""Checks that `rl` makes before it clears or starts anything, `--dry-run` included.
+
+Each mistake here would otherwise surface minutes later, after vLLM has started (or, worse, after
+the previous run's outputs were cleared). Every check raises `PreflightError` with one line that
+names the key and the value at fault.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import sys
+from pathlib import Path
+
+from lorarl.config.models import ModelConfig, RLConfig
+from lorarl.orchestrator.envs import check_environment
+
+_HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+
+
+class PreflightError(Exception):
+    """A config that cannot run; str() is one line for the user."""
+
+
+def check_rl(cfg: RLConfig) -> None:
+    check_model(cfg.model)
+    try:
+        cfg.lora.check_for_rl()
+    except ValueError as e:
+        raise PreflightError(str(e)) from None
+    check_environments(cfg)
+    if not cfg.inference.urls:
+        check_ports(cfg.inference.host, cfg.inference.port, cfg.inference.num_workers)
+
+
+def check_model(model: ModelConfig) -> None:
+    """`model.name` is a model folder with a config.json, or (where a hub may be reached) a hub id."""
+    path = Path(model.name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise PreflightError(f"model.name: {model.name} has no config.json (expected a Hugging Face model folder)")
+        return
+    if path.exists():
+        raise PreflightError(f"model.name: {model.name} is a file, not a model folder")
+    if os.environ.get("HF_HUB_OFFLINE") == "1" or not _HUB_ID.match(model.name):
+        raise PreflightError(f"model.name: {model.name} not found (expected a Hugging Face model folder)")
+
+
+def check_environments(cfg: RLConfig) -> None:
+    """Every environment resolves and takes its args, without being built. A user's module is looked
+    up from the working directory, as the orchestrator (started there by `rl`) will."""
+    if not cfg.orchestrator.env:
+        raise PreflightError("[[orchestrator.env]]: no environment given")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # console scripts, unlike `python -m`, leave it out
+    for i, env in enumerate(cfg.orchestrator.env):
+        try:
+            check_environment(env.id, env.args)
+        except (ValueError, TypeError, ImportError, AttributeError) as e:
+            raise PreflightError(f"orchestrator.env[{i}] id {env.id!r}: {e}") from None
+
+
+def check_ports(host: str, port: int, count: int) -> None:
+    """The ports of the workers `rl` will start are in range and free."""
+    if not 1 <= port <= 65535 - (count - 1):
+        raise PreflightError(f"inference.port: {port} + {count} workers leaves the range 1..65535")
+    for p in range(port, port + count):
+        with socket.socket() as s:
+            try:
+                s.bind((host, p))
+            except OSError as e:
+                raise PreflightError(
+                    f"inference.port: {host}:{p} is not free ({e.strerror}); pick another port, or use the "
+                    "server there with inference.urls"
+                ) from None
