@@ -14,6 +14,12 @@ from lorarl.run_folder import write_folder_atomically
 BATCH_FILE = "rollouts.jsonl"
 
 
+def policy_lag(step: int, version: int) -> int:
+    """How many versions a rollout of policy `version` lags the policy that trainer step `step`
+    updates (version step - 1): 0 is on-policy. The orchestrator bounds it, the trainer logs it."""
+    return step - 1 - version
+
+
 @dataclass
 class Rollout:
     prompt_ids: list[int]

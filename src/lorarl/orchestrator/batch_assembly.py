@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Generic, Protocol, TypeVar
 
+from lorarl.rollouts import policy_lag
+
 
 class Versioned(Protocol):
     @property
@@ -35,7 +37,7 @@ class BatchAssembler(Generic[G]):
 
     def is_stale(self, version: int, step: int) -> bool:
         """Too old for the batch of `step`, and so for every later one."""
-        return self.max_off_policy_steps is not None and step - 1 - version > self.max_off_policy_steps
+        return self.max_off_policy_steps is not None and policy_lag(step, version) > self.max_off_policy_steps
 
     def drop_stale(self, step: int) -> int:
         """Forget the finished groups too old for the batch of `step`; returns how many."""

@@ -19,7 +19,7 @@ import torch
 
 from lorarl.config.models import MonitorConfig, RLConfig
 from lorarl.monitor.metrics import MetricsLogger
-from lorarl.rollouts import RolloutBatch
+from lorarl.rollouts import RolloutBatch, policy_lag
 from lorarl.run_folder import RunFolder
 from lorarl.trainer.batching import TrainSample
 from lorarl.trainer.broadcast import write_adapter
@@ -130,7 +130,7 @@ def train(cfg: RLConfig) -> None:
             save_checkpoint(run, step, model, optimizer, scheduler, {}, ckpt.keep_last)
         t_end = time.perf_counter()
 
-        lags = [step - 1 - r.policy_version for r in batch.rollouts]
+        lags = [policy_lag(step, r.policy_version) for r in batch.rollouts]
         metrics.log(
             step,
             {
