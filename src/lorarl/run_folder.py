@@ -27,6 +27,7 @@ from typing import Any
 
 STABLE = "STABLE"
 MARKER = "run.json"
+MANIFEST = "MANIFEST.json"
 _STEP = re.compile(r"^step_(\d+)$")
 # Everything lorarl writes at the top of a run folder; clearing never reaches beyond these.
 _OUTPUTS = ("configs", "logs", "rollouts", "broadcasts", "samples", "checkpoints", "final", "metrics.jsonl")
@@ -68,9 +69,19 @@ class RunFolder:
         return self.checkpoint(step) / "orchestrator"
 
     def checkpoint_steps(self) -> list[int]:
-        """Steps whose trainer checkpoint is complete, oldest first."""
-        steps = step_folders(self.root / "checkpoints")
-        return sorted(s for s in steps if (self.trainer_checkpoint(s) / "state.json").is_file())
+        """Steps whose checkpoint is complete, oldest first: the trainer half, and every other half
+        it has (the orchestrator's, written before the trainer's), hold all their manifest lists."""
+        return sorted(s for s in step_folders(self.root / "checkpoints") if self._checkpoint_complete(s))
+
+    def _checkpoint_complete(self, step: int) -> bool:
+        halves = [p for p in self.checkpoint(step).iterdir() if not p.name.startswith(".")]
+        return self.trainer_checkpoint(step) in halves and all(verify_manifest(half) for half in halves)
+
+    def write_checkpoint_half(self, step: int, half: str, write: Callable[[Path], object]) -> Path:
+        """Write `checkpoints/step_N/<half>/` (trainer or orchestrator) whole or not at all."""
+        dest = self.checkpoint(step) / half
+        write_folder_atomically(dest, write, manifest=True)
+        return dest
 
     def resume_step(self, step: int | None) -> int:
         """The step a run resumes from: `step`, or the latest complete checkpoint when None."""
@@ -182,26 +193,65 @@ def step_folders(parent: Path) -> list[int]:
     return [int(m.group(1)) for p in parent.iterdir() if (m := _STEP.match(p.name))]
 
 
-def write_folder_atomically(dest: Path, write: Callable[[Path], object], stable_marker: bool = False) -> None:
-    """Run `write(tmp)` into a temporary sibling folder, then rename it to `dest`.
+def write_folder_atomically(
+    dest: Path, write: Callable[[Path], object], stable_marker: bool = False, manifest: bool = False
+) -> None:
+    """Run `write(tmp)` into a temporary sibling folder, make it durable (fsync), then rename it
+    to `dest`. A folder already at `dest` is first renamed aside, so a reader (or a crash) sees the
+    old folder, no folder, or the new one, never a mix.
 
-    With `stable_marker`, an empty `STABLE` file is added after everything else, for readers that
-    poll for it (vLLM adapter loading).
+    With `manifest`, MANIFEST.json (every file and its size) is written last, so that a reader can
+    verify the folder is whole (`verify_manifest`). With `stable_marker`, an empty `STABLE` file is
+    added after the rename, for readers that poll for it (vLLM adapter loading).
     """
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     write(tmp)
-    shutil.rmtree(dest, ignore_errors=True)
+    if manifest:
+        files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
+        (tmp / MANIFEST).write_text(json.dumps(files, indent=1) + "\n")
+    _fsync_tree(tmp)
+    old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
+    if dest.exists():
+        os.replace(dest, old)
     os.replace(tmp, dest)
     if stable_marker:
         (dest / STABLE).touch()
+        _fsync(dest / STABLE)
+    _fsync(dest.parent)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def verify_manifest(folder: Path) -> bool:
+    """Whether `folder` holds every file its MANIFEST.json lists, at the size listed."""
+    try:
+        files = json.loads((folder / MANIFEST).read_text())
+        return all((folder / name).stat().st_size == size for name, size in files.items())
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def write_file_atomically(dest: Path, text: str) -> None:
-    """Write `text` to a temporary sibling, then rename it over `dest`: a reader sees the old file or
-    the new one, never a half-written one."""
+    """Write `text` to a temporary sibling, fsync it, then rename it over `dest`: a reader sees the
+    old file or the new one, never a half-written one."""
     tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
     tmp.write_text(text)
+    _fsync(tmp)
     os.replace(tmp, dest)
+    _fsync(dest.parent)
+
+
+def _fsync_tree(root: Path) -> None:
+    for path in sorted(root.rglob("*"), reverse=True):  # files before the folders that list them
+        _fsync(path)
+    _fsync(root)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

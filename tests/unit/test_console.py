@@ -32,3 +32,19 @@ def test_one_line_per_trainer_step_with_the_batch_it_trained_on(tmp_path: Path) 
         f.write('ep": 2, "loss": -0.25}\n')
     (line,) = printer.poll()
     assert "reward 0.500" in line and "loss -0.2500" in line and "| dropped 3 |" in line and "| grad - |" in line
+
+
+def test_a_replaced_file_and_broken_lines_never_stop_it(tmp_path: Path) -> None:
+    """A resumed trainer replaces metrics.jsonl (rows after its checkpoint dropped); a crash can
+    leave a cut-short line, and a user can write anything into the file."""
+    path = tmp_path / "metrics.jsonl"
+    printer = StepPrinter(path, max_steps=4)
+    write_rows(path, *({"component": "trainer", "step": s, "loss": 0.1} for s in (1, 2, 3)))
+    assert len(printer.poll()) == 3
+    tmp = tmp_path / "new"
+    tmp.write_text(json.dumps({"component": "trainer", "step": 1, "loss": 0.1}) + "\n{not json\n[1, 2]\n\xff\n")
+    tmp.replace(path)  # as the resumed trainer does, atomically
+    assert printer.poll() == []  # step 1 was printed before; the rest is not a metrics row
+    write_rows(path, {"component": "trainer", "step": 4, "loss": 0.2})
+    (line,) = printer.poll()
+    assert line.startswith("step    4/4")

@@ -36,15 +36,23 @@ class Flaky(Environment):
         def broken(ep: Episode) -> float:
             raise RuntimeError("bug in a reward function")
 
-        self.rewards = [WeightedReward(async_ok, 0.5), WeightedReward(broken, 2.0)]
+        def not_a_number(ep: Episode) -> float:
+            return float("nan")
+
+        async def infinite(ep: Episode) -> float:
+            return float("-inf")
+
+        self.rewards = [WeightedReward(async_ok, 0.5), WeightedReward(broken, 2.0),
+                        WeightedReward(not_a_number, 1.0), WeightedReward(infinite, 1.0)]  # fmt: skip
 
     def prompt(self, example: dict) -> list[dict[str, str]]:
         return [{"role": "user", "content": "q"}]
 
 
-def test_async_rewards_and_a_raising_reward_scores_zero_and_is_counted() -> None:
+def test_async_rewards_and_a_raising_or_non_finite_reward_scores_zero_and_is_counted() -> None:
     scores = score(Flaky(), {}, "a")
-    assert scores == {"async_ok": 1.0, "broken": 0.0, "reward": 0.5, "reward_errors": 1}
+    assert scores == {"async_ok": 1.0, "broken": 0.0, "not_a_number": 0.0, "infinite": 0.0, "reward": 0.5,
+                      "reward_errors": 3}  # fmt: skip
 
 
 def test_reverse_text_examples_are_reproducible_and_solved_by_solution() -> None:

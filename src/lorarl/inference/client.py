@@ -1,4 +1,8 @@
-"""Async client for vLLM's OpenAI-compatible server: the calls the orchestrator makes.
+"""Async client for one vLLM OpenAI-compatible server: the calls the orchestrator makes.
+
+A request that fails because of the server (connection refused or lost, a timeout, HTTP 5xx)
+raises `WorkerUnavailable`, so that the pool (pool.py) can route it elsewhere; a request the
+server rejects (HTTP 4xx) raises `InferenceError`.
 
 Uses one aiohttp session per worker: measured on the tiny model (docs/vllm.md), a long-lived
 httpx.AsyncClient slowed concurrent batches 4-10x; aiohttp did not.
@@ -24,7 +28,11 @@ log = logging.getLogger("lorarl.inference")
 
 
 class InferenceError(RuntimeError):
-    pass
+    """The server answered, and refused the request."""
+
+
+class WorkerUnavailable(InferenceError):
+    """The server did not answer: it is down, restarting, overloaded or broken."""
 
 
 @dataclass
@@ -41,6 +49,8 @@ class InferenceClient:
     def __init__(self, base_url: str, timeout: float = 600.0, retries: int = 3) -> None:
         self.base_url = base_url.rstrip("/")
         self.in_flight = 0
+        # Adapter names loaded through this client (the pool resets it from /v1/models after an outage).
+        self.adapters: set[str] = set()
         # Seconds with at least one completion request in flight: the worker's busy time.
         self.busy_seconds = 0.0
         self._busy_since = 0.0
@@ -63,11 +73,17 @@ class InferenceClient:
         for attempt in range(self._retries + 1):
             try:
                 async with self.session.request(method, self.base_url + path, json=json) as resp:
-                    return resp.status, await resp.text()
-            except _RETRYABLE:
+                    status, text = resp.status, await resp.text()
+            except _RETRYABLE as e:
                 if attempt == self._retries:
-                    raise
+                    raise WorkerUnavailable(f"{method} {self.base_url}{path}: {e!r}") from e
                 await asyncio.sleep(0.1 * 2**attempt)
+                continue
+            except (TimeoutError, aiohttp.ClientError) as e:
+                raise WorkerUnavailable(f"{method} {self.base_url}{path}: {e!r}") from e
+            if status >= 500:
+                raise WorkerUnavailable(f"{method} {self.base_url}{path} -> {status}: {text[:300]}")
+            return status, text
         raise AssertionError("unreachable")
 
     async def _json(self, method: str, path: str, json: dict[str, Any] | None = None) -> Any:
@@ -90,11 +106,13 @@ class InferenceClient:
             status, text = await self._request("POST", "/v1/load_lora_adapter", body)
         if status != 200:
             raise InferenceError(f"loading adapter {name} from {path} into {self.base_url}: {status} {text[:300]}")
+        self.adapters.add(name)
 
     async def unload_adapter(self, name: str) -> None:
         status, text = await self._request("POST", "/v1/unload_lora_adapter", {"lora_name": name})
         if status not in (200, 404):  # 404: already gone, which is what we wanted
             raise InferenceError(f"unloading adapter {name} from {self.base_url}: {status} {text[:300]}")
+        self.adapters.discard(name)
 
     async def complete(
         self, model: str, prompt_ids: list[int], n: int, temperature: float, top_p: float, max_tokens: int
@@ -123,33 +141,3 @@ class InferenceClient:
         return [
             Completion(c["token_ids"], c["logprobs"]["token_logprobs"], c["text"], c["finish_reason"]) for c in choices
         ]
-
-
-class WorkerPool:
-    """All inference workers of a run: routes each request to the least-loaded worker, and keeps
-    the set of loaded adapter versions identical on every worker."""
-
-    def __init__(self, urls: list[str], timeout: float = 600.0) -> None:
-        if not urls:
-            raise ValueError("no inference worker URLs")
-        self.workers = [InferenceClient(u, timeout) for u in urls]
-
-    def busy_seconds(self) -> float:
-        """Busy time summed over workers, including requests still running."""
-        now = time.monotonic()
-        return sum(w.busy_seconds + (now - w._busy_since if w.in_flight else 0.0) for w in self.workers)
-
-    def pick(self) -> InferenceClient:
-        return min(self.workers, key=lambda w: w.in_flight)
-
-    async def load_adapter(self, name: str, path: str) -> None:
-        await asyncio.gather(*(w.load_adapter(name, path) for w in self.workers))
-
-    async def unload_adapter(self, name: str) -> None:
-        await asyncio.gather(*(w.unload_adapter(name) for w in self.workers))
-
-    async def complete(self, model: str, prompt_ids: list[int], n: int, **sampling: Any) -> list[Completion]:
-        return await self.pick().complete(model, prompt_ids, n, **sampling)
-
-    async def close(self) -> None:
-        await asyncio.gather(*(w.close() for w in self.workers))

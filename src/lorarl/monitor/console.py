@@ -1,8 +1,14 @@
-"""`StepPrinter`: follows metrics.jsonl and prints one line per finished trainer step."""
+"""`StepPrinter`: follows metrics.jsonl and prints one line per finished trainer step.
+
+It runs inside `rl`'s supervision loop, so no metrics line may ever stop it: a resumed trainer
+replaces the file (rows after its checkpoint dropped), a crash can leave a line cut short, and a
+user may open the file in an editor.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -11,25 +17,32 @@ class StepPrinter:
     def __init__(self, path: Path, max_steps: int) -> None:
         self.path, self.max_steps = path, max_steps
         self._offset = 0
+        self._file_id: tuple[int, int] | None = None  # (device, inode) of the file read so far
+        self._printed: set[int] = set()
         self._orchestrator: dict[int, dict[str, Any]] = {}
 
     def poll(self) -> list[str]:
         """Lines for the trainer steps logged since the last call."""
-        if not self.path.exists():
+        try:
+            with open(self.path, "rb") as f:
+                stat = os.fstat(f.fileno())
+                if (stat.st_dev, stat.st_ino) != self._file_id or stat.st_size < self._offset:
+                    self._file_id, self._offset = (stat.st_dev, stat.st_ino), 0  # replaced: read it anew
+                f.seek(self._offset)
+                chunk = f.read()
+        except FileNotFoundError:
             return []
-        with open(self.path) as f:
-            f.seek(self._offset)
-            chunk = f.read()
         # Only whole lines: the writer may be half-way through one.
-        complete = chunk[: chunk.rfind("\n") + 1]
-        self._offset += len(complete.encode())
+        complete = chunk[: chunk.rfind(b"\n") + 1]
+        self._offset += len(complete)
         out = []
-        for line in complete.splitlines():
-            row = json.loads(line)
+        for row in filter(None, map(_parse, complete.splitlines())):
+            step = row["step"]
             if row["component"] == "orchestrator":
-                self._orchestrator[row["step"]] = row
-            elif row["component"] == "trainer":
-                out.append(self.format(row, self._orchestrator.pop(row["step"], {})))
+                self._orchestrator[step] = row
+            elif row["component"] == "trainer" and step not in self._printed:
+                self._printed.add(step)
+                out.append(self.format(row, self._orchestrator.pop(step, {})))
         return out
 
     def format(self, trainer: dict[str, Any], orch: dict[str, Any]) -> str:
@@ -49,3 +62,12 @@ class StepPrinter:
             f" | grad {get(trainer, 'grad_norm', '.3f')}"
             f"{dropped} | {get(trainer, 'time/step', '.1f')} s"
         )
+
+
+def _parse(line: bytes) -> dict[str, Any] | None:
+    """A metrics row, or None for anything else (a line cut short by a crash, a stray edit)."""
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return None
+    return row if isinstance(row, dict) and isinstance(row.get("step"), int) and "component" in row else None

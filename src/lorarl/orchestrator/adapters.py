@@ -6,7 +6,7 @@ import logging
 import shutil
 from collections import Counter
 
-from lorarl.inference.client import WorkerPool
+from lorarl.inference.pool import WorkerPool
 from lorarl.run_folder import RunFolder
 
 log = logging.getLogger("lorarl.orchestrator")

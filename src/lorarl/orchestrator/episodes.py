@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from transformers import PreTrainedTokenizerBase
 
 from lorarl.config.models import SamplingConfig
-from lorarl.inference.client import Completion, WorkerPool
+from lorarl.inference.client import Completion
+from lorarl.inference.pool import WorkerPool
 from lorarl.orchestrator.envs.base import Environment, Episode, Example, Message
 from lorarl.trainer.chat import encode_chat
 

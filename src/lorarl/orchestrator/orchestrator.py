@@ -23,8 +23,8 @@ from typing import Any
 from transformers import AutoTokenizer
 
 from lorarl.config.models import RLConfig
-from lorarl.inference.client import WorkerPool
 from lorarl.inference.health import wait_until_healthy
+from lorarl.inference.pool import WorkerPool
 from lorarl.inference.server import worker_urls
 from lorarl.monitor.metrics import MetricsLogger
 from lorarl.orchestrator.adapters import AdapterWatcher
@@ -36,7 +36,7 @@ from lorarl.orchestrator.episodes import EpisodeRunner, PlayedEpisode
 from lorarl.orchestrator.evals import Evaluator
 from lorarl.orchestrator.sampler import ExampleSampler
 from lorarl.rollouts import Rollout, RolloutBatch
-from lorarl.run_folder import RunFolder, write_folder_atomically
+from lorarl.run_folder import RunFolder
 
 log = logging.getLogger("lorarl.orchestrator")
 
@@ -196,9 +196,7 @@ async def orchestrate(cfg: RLConfig) -> None:
 
 def save_orchestrator_checkpoint(run: RunFolder, step: int, sampler_state: dict[str, Any]) -> None:
     """Beside the trainer's checkpoint of the same step: the examples drawn up to that batch."""
-    write_folder_atomically(
-        run.orchestrator_checkpoint(step), lambda d: (d / "state.json").write_text(json.dumps(sampler_state))
-    )
+    run.write_checkpoint_half(step, "orchestrator", lambda d: (d / "state.json").write_text(json.dumps(sampler_state)))
 
 
 def no_new_policy(run: RunFolder, timeout: float) -> TimeoutError:

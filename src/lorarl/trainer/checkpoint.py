@@ -6,9 +6,10 @@
         optimizer.pt  scheduler.pt  rng.pt
         state.json        {"step": N, ...}: the step and whatever else the loop needs (its data position)
 
-A checkpoint is written under a temporary name and renamed, so a folder named `trainer/` is
-complete. Shared by the trainers: nothing here knows about SFT or RL. A model sharded with FSDP
-(fsdp.py) writes the same files as an unsharded one, so either resumes the other's checkpoints.
+A checkpoint is written under a temporary name, fsynced and renamed, with a manifest of its files
+written last (RunFolder.write_checkpoint_half), so a resumed run never loads a partial one.
+Shared by the trainers: nothing here knows about SFT or RL. A model sharded with FSDP (fsdp.py)
+writes the same files as an unsharded one, so either resumes the other's checkpoints.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import peft
 import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 
-from lorarl.run_folder import RunFolder, write_file_atomically, write_folder_atomically
+from lorarl.run_folder import RunFolder, write_file_atomically
 from lorarl.trainer.distributed import is_main_process
 from lorarl.trainer.fsdp import gathered_optimizer_state, gathered_weights, is_sharded, load_optimizer_state
 
@@ -59,8 +60,7 @@ def save_checkpoint(
         torch.save(_rng_state(), folder / "rng.pt")
         (folder / "state.json").write_text(json.dumps({"step": step, **state}, indent=2))
 
-    dest = run.trainer_checkpoint(step)
-    write_folder_atomically(dest, write)
+    dest = run.write_checkpoint_half(step, "trainer", write)
     if keep_last is not None:
         for old in run.checkpoint_steps()[:-keep_last]:
             shutil.rmtree(run.checkpoint(old))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import math
 import random
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
@@ -85,13 +86,16 @@ class Environment:
 
     async def score(self, episode: Episode) -> dict[str, float]:
         """Each reward function's value, their weighted sum ("reward") and "reward_errors": a
-        reward function that raises scores 0 and is counted, it never stops the run."""
+        reward function that raises, or returns NaN or an infinity, scores 0 and is counted; it
+        never stops the run, nor reaches the advantages."""
         scores: dict[str, float] = {}
         errors = 0
         for r in self.rewards:
             try:
                 value = r.func(episode)
                 scores[r.name] = float(await value if inspect.isawaitable(value) else value)
+                if not math.isfinite(scores[r.name]):
+                    raise ValueError(f"returned {scores[r.name]}")
             except Exception:
                 log.exception("reward function %s of %s raised; scoring 0", r.name, self.name)
                 scores[r.name] = 0.0

@@ -1,0 +1,123 @@
+"""`WorkerPool`: all inference workers of a run, kept usable while some of them fail.
+
+Requests go to the routable worker with the fewest in flight. A worker that fails a request
+(`WorkerUnavailable`: down, restarting, timing out, HTTP 5xx) is taken out of routing and the
+request is sent again elsewhere, or to the same worker once it is back. A worker out of routing is
+watched until /health answers again (after `rl` restarted it, say); it then gets every adapter
+version still in use and is put back. Only when no worker has been routable for
+`unavailable_timeout` seconds does a request fail, which stops the orchestrator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from lorarl.inference.client import Completion, InferenceClient, WorkerUnavailable
+from lorarl.inference.health import is_healthy
+
+log = logging.getLogger("lorarl.inference")
+
+
+class InferenceUnavailable(RuntimeError):
+    """No worker could serve a request for `unavailable_timeout` seconds."""
+
+
+class WorkerPool:
+    def __init__(
+        self, urls: list[str], timeout: float = 600.0, unavailable_timeout: float = 300.0, poll: float = 0.5
+    ) -> None:
+        if not urls:
+            raise ValueError("no inference worker URLs")
+        self.workers = [InferenceClient(u, timeout) for u in urls]
+        self.routable = list(self.workers)
+        self.unavailable_timeout, self.poll = unavailable_timeout, poll
+        # Every adapter the run has loaded and not unloaded: name -> folder. A returning worker gets them all.
+        self.adapters: dict[str, str] = {}
+        self._watchers: dict[InferenceClient, asyncio.Task[None]] = {}
+        self.outages = 0  # workers taken out of routing so far
+
+    def busy_seconds(self) -> float:
+        """Busy time summed over workers, including requests still running."""
+        now = time.monotonic()
+        return sum(w.busy_seconds + (now - w._busy_since if w.in_flight else 0.0) for w in self.workers)
+
+    async def complete(self, model: str, prompt_ids: list[int], n: int, **sampling: Any) -> list[Completion]:
+        deadline = time.monotonic() + self.unavailable_timeout
+        while True:
+            worker = await self._pick(deadline)
+            try:
+                return await worker.complete(model, prompt_ids, n, **sampling)
+            except WorkerUnavailable as e:
+                self._take_out(worker, e)
+
+    async def load_adapter(self, name: str, path: str) -> None:
+        """Load into every routable worker; the others get it when they return."""
+        self.adapters[name] = path
+        await self._on_routable(lambda w: w.load_adapter(name, path))
+
+    async def unload_adapter(self, name: str) -> None:
+        self.adapters.pop(name, None)
+        await self._on_routable(lambda w: w.unload_adapter(name))
+
+    async def close(self) -> None:
+        for task in self._watchers.values():
+            task.cancel()
+        await asyncio.gather(*self._watchers.values(), return_exceptions=True)
+        await asyncio.gather(*(w.close() for w in self.workers))
+
+    async def _on_routable(self, call: Any) -> None:
+        workers = list(self.routable)
+        results = await asyncio.gather(*(call(w) for w in workers), return_exceptions=True)
+        for worker, result in zip(workers, results, strict=True):
+            if isinstance(result, WorkerUnavailable):
+                self._take_out(worker, result)
+            elif isinstance(result, BaseException):
+                raise result
+
+    async def _pick(self, deadline: float) -> InferenceClient:
+        while not self.routable:
+            if time.monotonic() > deadline:
+                raise InferenceUnavailable(
+                    f"no inference worker answered for {self.unavailable_timeout:.0f} s "
+                    f"({', '.join(w.base_url for w in self.workers)}; inference.unavailable_timeout)"
+                )
+            await asyncio.sleep(self.poll)
+        return min(self.routable, key=lambda w: w.in_flight)
+
+    def _take_out(self, worker: InferenceClient, error: Exception) -> None:
+        if worker not in self.routable:
+            return
+        self.routable.remove(worker)
+        self.outages += 1
+        log.warning("taking %s out of routing: %s", worker.base_url, error)
+        self._watchers[worker] = asyncio.create_task(self._bring_back(worker))
+
+    async def _bring_back(self, worker: InferenceClient) -> None:
+        """Wait until the worker is healthy, give it the adapters in use, and route to it again."""
+        while True:
+            while not await asyncio.to_thread(is_healthy, worker.base_url):
+                await asyncio.sleep(self.poll)
+            try:
+                # What the server really serves: after a restart that is none of what we loaded.
+                worker.adapters = {m["id"] for m in await worker.models() if m.get("parent")}
+                await self._sync_adapters(worker)
+            except WorkerUnavailable:
+                continue
+            self.routable.append(worker)
+            del self._watchers[worker]
+            log.info("%s is back in routing with %d adapter(s)", worker.base_url, len(worker.adapters))
+            return
+
+    async def _sync_adapters(self, worker: InferenceClient) -> None:
+        """Make the worker serve exactly the pool's adapters. Versions may load and unload while
+        this awaits, so it repeats until nothing differs; the caller then routes to the worker
+        without awaiting in between."""
+        while (stale := worker.adapters - self.adapters.keys()) | (missing := self.adapters.keys() - worker.adapters):
+            for name in stale:
+                await worker.unload_adapter(name)
+            for name in missing:
+                if (path := self.adapters.get(name)) is not None:
+                    await worker.load_adapter(name, path)
