@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from lorarl.cli.common import setup_logging
+from lorarl.launcher.preflight import PreflightError, check_model
 
 log = logging.getLogger("lorarl.merge")
 # Written into every merge output: only a folder with it may be replaced (with --overwrite).
@@ -46,6 +47,7 @@ def merge(base: str, adapter: Path, out: Path, dtype: str | None = None, overwri
 
     from lorarl.run_folder import write_folder_atomically
 
+    check_model(base, "--base")
     if not (adapter / "adapter_config.json").is_file():
         raise FileNotFoundError(f"--adapter {adapter}: not a PEFT adapter folder (no adapter_config.json)")
     check_out(base, adapter, out, overwrite)
@@ -82,7 +84,7 @@ def main(argv: list[str] | None = None) -> None:
     setup_logging("merge")
     try:
         merge(args.base, args.adapter, args.out, args.dtype, args.overwrite)
-    except (FileNotFoundError, ValueError) as e:
+    except (FileNotFoundError, ValueError, PreflightError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
 

@@ -31,14 +31,19 @@ def main(argv: list[str] | None = None) -> None:
         os.environ[_PREPARED] = str(cfg.run_dir)
         os.execv(sys.executable, [*torchrun(cfg.parallel.dp), "-m", "lorarl.cli.sft", *args])
     from lorarl.trainer.sft import train  # torch and transformers load only once the config is valid
+    from lorarl.trainer.sft_data import DataError
 
-    train(cfg)
+    try:
+        train(cfg)
+    except DataError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def prepare(cfg: SFTConfig) -> None:
     run = RunFolder(cfg.run_dir)
     try:
-        check_model(cfg.model)
+        check_model(cfg.model.name)
         if cfg.model.lora is not None:
             cfg.model.lora.check_init_adapter()
         if not cfg.data.path.exists():

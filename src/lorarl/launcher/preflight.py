@@ -13,7 +13,7 @@ import socket
 import sys
 from pathlib import Path
 
-from lorarl.config.models import ModelConfig, RLConfig
+from lorarl.config.models import RLConfig
 from lorarl.orchestrator.envs import check_environment
 
 _HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
@@ -24,7 +24,7 @@ class PreflightError(Exception):
 
 
 def check_rl(cfg: RLConfig) -> None:
-    check_model(cfg.model)
+    check_model(cfg.model.name)
     try:
         cfg.lora.check_for_rl()
     except ValueError as e:
@@ -34,17 +34,18 @@ def check_rl(cfg: RLConfig) -> None:
         check_ports(cfg.inference.host, cfg.inference.port, cfg.inference.num_workers)
 
 
-def check_model(model: ModelConfig) -> None:
-    """`model.name` is a model folder with a config.json, or (where a hub may be reached) a hub id."""
-    path = Path(model.name).expanduser()
+def check_model(name: str, key: str = "model.name") -> None:
+    """`name` (given as `key`) is a model folder with a config.json, or, where a hub may be
+    reached, a hub id."""
+    path = Path(name).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
-            raise PreflightError(f"model.name: {model.name} has no config.json (expected a Hugging Face model folder)")
+            raise PreflightError(f"{key}: {name} has no config.json (expected a Hugging Face model folder)")
         return
     if path.exists():
-        raise PreflightError(f"model.name: {model.name} is a file, not a model folder")
-    if os.environ.get("HF_HUB_OFFLINE") == "1" or not _HUB_ID.match(model.name):
-        raise PreflightError(f"model.name: {model.name} not found (expected a Hugging Face model folder)")
+        raise PreflightError(f"{key}: {name} is a file, not a model folder")
+    if os.environ.get("HF_HUB_OFFLINE") == "1" or not _HUB_ID.match(name):
+        raise PreflightError(f"{key}: {name} not found (expected a Hugging Face model folder)")
 
 
 def check_environments(cfg: RLConfig) -> None:

@@ -27,6 +27,14 @@ from lorarl.trainer.chat import LossOn, Message, tokenize_with_assistant_mask
 log = logging.getLogger("lorarl.sft")
 
 
+class DataError(ValueError):
+    """The data cannot be trained on; str() names the file (and line or row) and what is wrong."""
+
+
+# The roles chat templates know; any other would be rendered wrongly or dropped without a word.
+CHAT_ROLES = {"system", "user", "assistant", "tool"}
+
+
 class Conversation(NamedTuple):
     where: str  # "file.jsonl:12" or "file.parquet row 11", for error messages
     messages: list[Message]
@@ -55,7 +63,7 @@ def load_sft_data(cfg: SFTDataConfig, tokenizer: PreTrainedTokenizerBase, seq_le
     data.train = tokenize(train, tokenizer, seq_len, cfg.loss_on, cfg.truncation, data.counts)
     data.eval = tokenize(held_out, tokenizer, seq_len, cfg.loss_on, cfg.truncation, Counter())
     if not data.train:
-        raise ValueError(f"{cfg.path}: no trainable records ({dict(data.counts)})")
+        raise DataError(f"{cfg.path}: no trainable records ({dict(data.counts)})")
     return data
 
 
@@ -66,9 +74,9 @@ def read_conversations(path: Path, split: str = "train") -> list[Conversation]:
         try:
             conversations.append(Conversation(where, to_messages(record)))
         except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"{where}: malformed record: {e}") from None
+            raise DataError(f"{where}: malformed record: {e}") from None
     if not conversations:
-        raise ValueError(f"{path}: no records")
+        raise DataError(f"{path}: no records")
     return conversations
 
 
@@ -105,7 +113,7 @@ def tokenize(
         try:
             ids, mask = tokenize_with_assistant_mask(tokenizer, conversation.messages, loss_on)
         except ValueError as e:
-            raise ValueError(f"{conversation.where}: {e}") from None
+            raise DataError(f"{conversation.where}: {e}") from None
         if len(ids) > seq_len:
             if truncation == "skip":
                 counts["skipped_too_long"] += 1
@@ -164,18 +172,20 @@ class DataOrder:
 
 def _records(path: Path, split: str) -> Iterator[tuple[str, Any]]:
     if not path.exists():
-        raise FileNotFoundError(f"{path}: no such file or folder")
+        raise DataError(f"{path}: no such file or folder")
     if path.is_dir():
         yield from _dataset_folder_records(path, split)
     elif path.suffix == ".jsonl":
-        with open(path) as f:
+        with open(path, "rb") as f:
             for lineno, line in enumerate(f, 1):
                 if not line.strip():
                     continue
                 try:
-                    record = json.loads(line)
+                    record = json.loads(line.decode("utf-8"))
+                except UnicodeDecodeError as e:
+                    raise DataError(f"{path}:{lineno}: not UTF-8 ({e.reason})") from None
                 except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{lineno}: malformed record: {e}") from None
+                    raise DataError(f"{path}:{lineno}: malformed record: {e}") from None
                 yield f"{path}:{lineno}", record
     elif path.suffix == ".parquet":
         import pyarrow.parquet as pq
@@ -183,7 +193,7 @@ def _records(path: Path, split: str) -> Iterator[tuple[str, Any]]:
         for i, record in enumerate(pq.read_table(path).to_pylist()):
             yield f"{path} row {i}", record
     else:
-        raise ValueError(f"{path}: expected a .jsonl or .parquet file, or a `datasets` folder")
+        raise DataError(f"{path}: expected a .jsonl or .parquet file, or a `datasets` folder")
 
 
 def _dataset_folder_records(path: Path, split: str) -> Iterator[tuple[str, Any]]:
@@ -195,7 +205,7 @@ def _dataset_folder_records(path: Path, split: str) -> Iterator[tuple[str, Any]]
     loaded = datasets.load_from_disk(str(path)) if saved else datasets.load_dataset(str(path))
     if isinstance(loaded, datasets.DatasetDict):
         if split not in loaded:
-            raise ValueError(f"{path}: no split {split!r} (it has {sorted(loaded)}); set data.split")
+            raise DataError(f"{path}: no split {split!r} (it has {sorted(loaded)}); set data.split")
         loaded = loaded[split]
     for i, record in enumerate(loaded):
         yield f"{path} [{split}] row {i}", record
@@ -212,5 +222,7 @@ def _message_list(value: Any, key: str) -> list[Message]:
         isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in value
     ):
         raise ValueError(f"'{key}' must be a list of {{role, content}} with string values")
+    if unknown := sorted({m["role"] for m in value} - CHAT_ROLES):
+        raise ValueError(f"'{key}' has messages of unknown role {unknown} (known: {sorted(CHAT_ROLES)})")
     # Parquet and `datasets` give every message every key of the column's struct type, None where unset.
     return [{k: v for k, v in m.items() if v is not None} for m in value]
