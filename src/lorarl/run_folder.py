@@ -140,7 +140,7 @@ class RunFolder:
                 self._write_marker(kind, config, None, dry_run=True)
             return f"dry run: {self.root} checked, nothing cleared"
         if resume:
-            self._remove(_REGENERATED)
+            self.clear_regenerated()
             self._rotate_logs()
             done = f"resuming the {kind} run in {self.root}"
         elif marker is not None:
@@ -151,6 +151,10 @@ class RunFolder:
         self.root.mkdir(parents=True, exist_ok=True)
         self._write_marker(kind, config, previous if resume else None)
         return done
+
+    def clear_regenerated(self) -> None:
+        """Remove what a resumed run writes again from its checkpoint on (batches, adapters, samples)."""
+        self._remove(_REGENERATED)
 
     def _read_marker(self) -> dict[str, Any] | None:
         try:

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,19 @@ def run_rl(config: Path, *flags: str, timeout: float = 600) -> subprocess.Comple
 
 def metrics(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def steps_logged(run_dir: Path, component: str) -> list[int]:
+    return sorted(r["step"] for r in metrics(run_dir) if r["component"] == component)
+
+
+def wait_for_trainer_steps(proc: subprocess.Popen[str], run_dir: Path, steps: int, timeout: float = 400) -> None:
+    """Until the trainer of the running `rl` has logged `steps` steps; fails if `rl` exits first."""
+    deadline = time.monotonic() + timeout
+    while not ((run_dir / "metrics.jsonl").exists() and len(steps_logged(run_dir, "trainer")) >= steps):
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        assert time.monotonic() < deadline, f"rl did not reach step {steps}"
+        time.sleep(0.5)
 
 
 class ModelListWatcher:

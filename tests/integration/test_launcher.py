@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import time
@@ -11,7 +12,7 @@ import psutil
 import pytest
 
 from tests.conftest import free_port
-from tests.integration.helpers import metrics, rl_command, rl_config, run_rl, write_config
+from tests.integration.helpers import metrics, rl_command, rl_config, run_rl, wait_for_trainer_steps, write_config
 
 pytestmark = pytest.mark.integration
 
@@ -41,33 +42,39 @@ def test_a_failing_child_stops_the_run_and_shows_its_log(tiny_model: Path, vllm_
     assert "no_such_module" in result.stderr  # the tail of the trainer's log
 
 
-def test_two_workers_then_sigint_stops_every_process(tiny_model: Path, tmp_path: Path) -> None:
+def test_two_workers_one_killed_then_sigint_stops_every_process(tiny_model: Path, tmp_path: Path) -> None:
     """`rl` starts two vLLM workers of its own here: both serve every adapter version and take
-    requests; after Ctrl-C none of the processes `rl` started survives."""
-    cfg = rl_config(tiny_model, tmp_path, "sigint", max_steps=1000, **{"inference.port": free_port(consecutive=2)})
+    requests. One is killed (SIGKILL to its whole process group): the run goes on with the other,
+    `rl` restarts it, and it is back in routing with the adapters in use. After Ctrl-C none of the
+    processes `rl` started survives."""
+    port = free_port(consecutive=2)
+    cfg = rl_config(tiny_model, tmp_path, "sigint", max_steps=1000, **{"inference.port": port})
     cfg["inference"]["num_workers"] = 2
     proc = subprocess.Popen(rl_command(write_config(cfg, tmp_path / "rl.json")), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
     run = tmp_path / "sigint"
-    deadline = time.monotonic() + 400
     try:
-        # Wait until the run is really running: the trainer has finished two steps through vLLM.
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-            if (run / "metrics.jsonl").exists() and sum(r["component"] == "trainer" for r in metrics(run)) >= 2:
-                break
-            time.sleep(1)
-        else:
-            pytest.fail("rl did not reach step 2")
+        wait_for_trainer_steps(proc, run, 2)
         for worker in (0, 1):
             log = (run / "logs" / f"inference-{worker}.log").read_text()
             assert "Loaded new LoRA adapter: name 'sigint-step1'" in log, worker
             assert "POST /v1/completions" in log, worker
+        (worker_1,) = (p for p in psutil.Process(proc.pid).children() if f"--port {port + 1}" in " ".join(p.cmdline()))
+        os.killpg(worker_1.pid, signal.SIGKILL)
+        killed_at = sum(r["component"] == "trainer" for r in metrics(run))
+        wait_for_trainer_steps(proc, run, killed_at + 2)  # the run goes on with worker 0
+        orchestrator_log = run / "logs" / "orchestrator.log"
+        deadline = time.monotonic() + 400
+        while "back in routing" not in orchestrator_log.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, "worker 1 never came back"
+            time.sleep(1)
+        assert f"taking http://127.0.0.1:{port + 1} out of routing" in orchestrator_log.read_text()
         descendants = psutil.Process(proc.pid).children(recursive=True)
         names = " ".join(" ".join(p.cmdline()) for p in descendants)
         assert "vllm" in names and "lorarl.cli.trainer" in names and "lorarl.cli.orchestrator" in names
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=120) == 130
+        assert "inference-1 exited with code" in (proc.stderr.read() if proc.stderr else "")
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -31,12 +31,13 @@ def main(argv: list[str] | None = None) -> None:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     log.info(done)
-    specs = plan_run(cfg, run, has_gpu=_has_gpu())
+    has_gpu = _has_gpu()
+    specs = plan_run(cfg, run, has_gpu)
     if cfg.dry_run:
         print((run.configs / "commands.txt").read_text(), end="")
         print(f"# resolved configs in {run.configs}/ (dry run: nothing started)")
         return
-    raise SystemExit(launch(cfg, run, specs))
+    raise SystemExit(launch(cfg, run, specs, has_gpu))
 
 
 def _has_gpu() -> bool:

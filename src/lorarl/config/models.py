@@ -266,6 +266,12 @@ class InferenceConfig(Section):
     kv_cache_gib: int = Field(1, ge=1, description="VLLM_CPU_KVCACHE_SPACE (whole GiB) on machines without a GPU")
     startup_timeout: float = Field(600.0, gt=0)
     extra_args: list[str] = []
+    unavailable_timeout: float = Field(300.0, gt=0)
+    """Seconds the orchestrator keeps retrying while no worker answers (each failing worker is taken
+    out of routing and put back once healthy, with the adapters in use); then the run stops."""
+    max_restarts: int = Field(3, ge=0)
+    """How many times `rl` restarts a worker it started that died (the orchestrator routes around it
+    meanwhile); one more death stops the run. Workers given by `urls` are never restarted."""
 
 
 class WandbConfig(Section):
@@ -319,6 +325,9 @@ class RLConfig(SharedConfig):
     inference: InferenceConfig = InferenceConfig()
     resume: ResumeConfig | None = Field(None, description="continue from a checkpoint in this run folder")
     dry_run: bool = Field(False, exclude=True, description="write configs and commands, start nothing")
+    auto_resume: int = Field(0, ge=0, exclude=True)
+    """When the trainer or the orchestrator dies, restart both from the latest complete checkpoint
+    (`trainer.ckpt.interval` must be set) up to this many times, keeping the vLLM workers."""
 
     @model_validator(mode="after")
     def _rl_trains_lora(self) -> RLConfig:

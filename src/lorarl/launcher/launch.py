@@ -1,9 +1,12 @@
-"""Run the processes of an `rl` run and supervise them until they finish, one fails, or a signal
-arrives.
+"""Run the processes of an `rl` run and supervise them until they finish, fail for good, or a
+signal arrives.
 
 Inference workers start first; the orchestrator and trainer start once every worker is healthy.
-If any process fails, the others are stopped and the run ends non-zero with the tail of the
-failing log. Ctrl-C or SIGTERM stops everything and leaves no process behind.
+A worker that dies is restarted (`inference.max_restarts`); the orchestrator routes around it
+meanwhile. A trainer or orchestrator that dies restarts both from the latest complete checkpoint
+(`auto_resume`), keeping the workers. Any other failure stops every process, and the run ends
+non-zero with the tail of the failing log. Ctrl-C or SIGTERM stops everything and leaves no
+process behind.
 """
 
 from __future__ import annotations
@@ -11,12 +14,13 @@ from __future__ import annotations
 import logging
 import signal
 import time
+from collections import Counter
 from types import FrameType
 
-from lorarl.config.models import RLConfig
+from lorarl.config.models import ResumeConfig, RLConfig
 from lorarl.inference.health import wait_until_healthy
 from lorarl.inference.server import worker_urls
-from lorarl.launcher.plan import ProcessSpec
+from lorarl.launcher.plan import ProcessSpec, plan_run
 from lorarl.launcher.supervisor import Supervisor
 from lorarl.monitor.console import StepPrinter
 from lorarl.run_folder import RunFolder
@@ -28,7 +32,7 @@ class Stop(Exception):
     """A SIGINT or SIGTERM arrived."""
 
 
-def launch(cfg: RLConfig, run: RunFolder, specs: list[ProcessSpec]) -> int:
+def launch(cfg: RLConfig, run: RunFolder, specs: list[ProcessSpec], has_gpu: bool) -> int:
     """Start `specs` (in order), supervise them, stop them all; returns the exit code for `rl`."""
 
     def _stop(signum: int, _frame: FrameType | None) -> None:
@@ -38,7 +42,7 @@ def launch(cfg: RLConfig, run: RunFolder, specs: list[ProcessSpec]) -> int:
     signal.signal(signal.SIGTERM, _stop)
     supervisor = Supervisor(run.logs)
     try:
-        return supervise(cfg, run, specs, supervisor)
+        return supervise(cfg, run, specs, supervisor, has_gpu)
     except Stop as e:
         log.info("%s: stopping every process of the run", e)
         return 130
@@ -49,43 +53,66 @@ def launch(cfg: RLConfig, run: RunFolder, specs: list[ProcessSpec]) -> int:
         supervisor.stop_all()
 
 
-def supervise(cfg: RLConfig, run: RunFolder, specs: list[ProcessSpec], supervisor: Supervisor) -> int:
+def supervise(cfg: RLConfig, run: RunFolder, specs: list[ProcessSpec], supervisor: Supervisor, has_gpu: bool) -> int:
     workers = [s for s in specs if s.name.startswith("inference-")]
+    roles = [s for s in specs if s not in workers]
     for spec in workers:
-        supervisor.start(spec)
-        log.info("started %s (log: %s)", spec.name, supervisor.log_path(spec.name))
-    urls = worker_urls(cfg)
+        start(supervisor, spec)
     if workers:
-        log.info("waiting for vLLM at %s", ", ".join(urls))
+        log.info("waiting for vLLM at %s", ", ".join(worker_urls(cfg)))
     try:
-        wait_until_healthy(urls, cfg.inference.startup_timeout, alive=lambda: supervisor.failed() is None)
+        wait_until_healthy(worker_urls(cfg), cfg.inference.startup_timeout, alive=lambda: supervisor.failed() is None)
     except RuntimeError:
         return report_failure(supervisor, *supervisor.failed() or ("inference", 1))
     except TimeoutError as e:
         log.error("%s (inference.startup_timeout)", e)
         return 1
     log.info("inference ready; starting orchestrator and trainer")
-
-    roles = [s for s in specs if s not in workers]
     for spec in roles:
-        supervisor.start(spec)
-        log.info("started %s (log: %s)", spec.name, supervisor.log_path(spec.name))
-    printer = StepPrinter(run.metrics, cfg.max_steps)
+        start(supervisor, spec)
 
-    def print_steps() -> None:
+    printer = StepPrinter(run.metrics, cfg.max_steps)
+    restarts: Counter[str] = Counter()
+    while True:
         if cfg.monitor.console:
             for line in printer.poll():
                 print(line, flush=True)
-
-    while True:
-        print_steps()
-        if failed := supervisor.failed():
-            return report_failure(supervisor, *failed)
         if supervisor.finished([s.name for s in roles]):
-            print_steps()
             log.info("run finished: %s", run.root)
             return 0
+        if failed := supervisor.failed():
+            name, code = failed
+            if name.startswith("inference-") and restarts[name] < cfg.inference.max_restarts:
+                restarts[name] += 1
+                log.warning("%s exited with code %d; restart %d of %d (inference.max_restarts)", name, code,
+                            restarts[name], cfg.inference.max_restarts)  # fmt: skip
+                start(supervisor, next(s for s in workers if s.name == name))
+            elif name in {s.name for s in roles} and restarts["roles"] < cfg.auto_resume and run.checkpoint_steps():
+                restarts["roles"] += 1
+                log.warning("%s exited with code %d; resuming from checkpoint step %d, %d of %d (auto_resume)",
+                            name, code, run.checkpoint_steps()[-1], restarts["roles"], cfg.auto_resume)  # fmt: skip
+                roles = resume_roles(cfg, run, roles, supervisor, has_gpu)
+            else:
+                return report_failure(supervisor, name, code)
         time.sleep(0.5)
+
+
+def resume_roles(
+    cfg: RLConfig, run: RunFolder, roles: list[ProcessSpec], supervisor: Supervisor, has_gpu: bool
+) -> list[ProcessSpec]:
+    """Stop the trainer and orchestrator, then start both again from the latest checkpoint."""
+    supervisor.stop([s.name for s in roles])
+    run.clear_regenerated()
+    resumed = cfg.model_copy(update={"resume": ResumeConfig()})
+    new_roles = [s for s in plan_run(resumed, run, has_gpu) if not s.name.startswith("inference-")]
+    for spec in new_roles:
+        start(supervisor, spec)
+    return new_roles
+
+
+def start(supervisor: Supervisor, spec: ProcessSpec) -> None:
+    supervisor.start(spec)
+    log.info("started %s (log: %s)", spec.name, supervisor.log_path(spec.name))
 
 
 def report_failure(supervisor: Supervisor, name: str, code: int) -> int:

@@ -26,8 +26,9 @@ class Supervisor:
         return self.log_dir / f"{name}.log"
 
     def start(self, spec: ProcessSpec) -> subprocess.Popen[bytes]:
+        """Start `spec`; a process started again (a restart) appends to its log."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path(spec.name), "wb") as log:
+        with open(self.log_path(spec.name), "ab" if spec.name in self.procs else "wb") as log:
             # A new session per child: a terminal's Ctrl-C reaches only `rl`, which then stops each
             # child's whole group (vLLM's engine core and workers included).
             proc = subprocess.Popen(
@@ -50,13 +51,17 @@ class Supervisor:
 
     def stop_all(self, grace: float = 15.0) -> None:
         """SIGTERM every group, SIGKILL what is left after `grace` seconds."""
-        for proc in self.procs.values():
+        self.stop(list(self.procs), grace)
+
+    def stop(self, names: list[str], grace: float = 15.0) -> None:
+        procs = [self.procs[n] for n in names]
+        for proc in procs:
             _signal_group(proc, signal.SIGTERM)
         deadline = time.monotonic() + grace
-        for proc in self.procs.values():
+        for proc in procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-        for proc in self.procs.values():
+        for proc in procs:
             # Also catches grandchildren left behind by a leader that has already exited.
             _signal_group(proc, signal.SIGKILL)
             proc.wait()
