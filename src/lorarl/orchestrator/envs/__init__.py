@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import typing
 from collections.abc import Callable
 from typing import Any
 
@@ -21,7 +22,8 @@ BUILTIN: dict[str, type[Environment]] = {
 
 def resolve_environment(env_id: str) -> Callable[..., Environment]:
     """The class or factory that `env_id` names, imported but not called: a built-in name
-    (`reverse_text`) or `package.module:factory`."""
+    (`reverse_text`) or `package.module:factory`, where factory is an Environment subclass or a
+    Python function that returns one (so `os:system` and the like are refused, never run)."""
     if env_id in BUILTIN:
         return BUILTIN[env_id]
     if ":" not in env_id:
@@ -30,8 +32,16 @@ def resolve_environment(env_id: str) -> Callable[..., Environment]:
         )
     module_name, factory_name = env_id.split(":", 1)
     factory = getattr(importlib.import_module(module_name), factory_name)
-    if not callable(factory):
-        raise TypeError(f"{env_id} is a {type(factory).__name__}, not an Environment class or factory")
+    if isinstance(factory, type) and issubclass(factory, Environment):
+        return factory
+    if not inspect.isfunction(factory):
+        raise TypeError(f"{env_id} is a {type(factory).__name__}, not an Environment class or a function returning one")
+    try:
+        returns = typing.get_type_hints(factory).get("return")
+    except Exception:  # hints that do not resolve here: the orchestrator checks what the factory returns
+        returns = None
+    if isinstance(returns, type) and not issubclass(returns, Environment):
+        raise TypeError(f"{env_id} returns {returns.__name__}, not an Environment")
     return factory  # type: ignore[no-any-return]
 
 
