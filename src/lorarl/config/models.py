@@ -255,6 +255,12 @@ class OrchestratorConfig(Section):
         """How many versions older than the trainer's a rollout in a batch can be."""
         return self.max_async_level if self.max_off_policy_steps is None else self.max_off_policy_steps
 
+    @property
+    def adapter_slots(self) -> int:
+        """Adapter versions a vLLM worker must hold at once: every version rollouts may still use
+        (max_policy_lag + 1), plus the next one, loaded before the oldest is unloaded."""
+        return self.max_policy_lag + 2
+
 
 class InferenceConfig(Section):
     num_workers: int = Field(1, ge=1)
@@ -310,17 +316,16 @@ class RLConfig(SharedConfig):
 
     @model_validator(mode="after")
     def _adapter_slots_fit(self) -> RLConfig:
-        # Every version rollouts may still use (max_policy_lag + 1), plus the next one, loaded
-        # before the oldest is unloaded, must fit in vLLM's adapter slots.
+        # A user's --max-loras must hold every adapter version a worker can have loaded at once.
         args = self.inference.extra_args
-        lag = self.orchestrator.max_policy_lag
+        slots = self.orchestrator.adapter_slots
         if "--max-loras" in args[:-1]:
             given = int(args[args.index("--max-loras") + 1])
-            if given < lag + 2:
+            if given < slots:
                 raise ValueError(
-                    f"inference.extra_args sets --max-loras {given}, but rollouts may lag {lag} versions "
-                    f"(max_async_level / max_off_policy_steps), so {lag + 2} adapter versions can be loaded: "
-                    "raise --max-loras or leave it out (rl derives it)"
+                    f"inference.extra_args sets --max-loras {given}, but rollouts may lag "
+                    f"{self.orchestrator.max_policy_lag} versions (max_async_level / max_off_policy_steps), "
+                    f"so {slots} adapter versions can be loaded: raise --max-loras or leave it out (rl derives it)"
                 )
         return self
 
