@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-# vLLM's --max-lora-rank accepts only these values (VLLM_NOTES.md).
+# vLLM's --max-lora-rank accepts only these values (docs/vllm.md).
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
