@@ -12,7 +12,7 @@
     or repeated (`--inference.urls a --inference.urls b`). A value that starts with `-` needs `=`:
     `--inference.extra_args=--enforce-eager`. Lists of sections take JSON:
     `--orchestrator.env '[{"id": "x"}]'`.
-* `--help` prints every flag with its default and exits 0.
+* `--help` prints every flag with its description (the field's docstring) and default, and exits 0.
 
 Environment variables are never read. Any problem raises `ConfigError`, whose message names the key and
 where its value came from (a file, "command line" or "default").
