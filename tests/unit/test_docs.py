@@ -1,38 +1,56 @@
-"""The README's config reference names every option of `rl` and `sft`."""
+"""README.md's config reference is the one scripts/config_reference.py generates from the config
+models' field docstrings, and every option has such a docstring."""
 
 from __future__ import annotations
 
-import typing
-from collections.abc import Iterator
+import importlib.util
+import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 from pydantic import BaseModel
 
 from lorarl.config.models import RLConfig, SFTConfig
 
-README = (Path(__file__).parents[2] / "README.md").read_text()
+ROOT = Path(__file__).parents[2]
 
 
-def options(model: type[BaseModel], prefix: str = "") -> Iterator[str]:
-    """Dotted paths of the settable leaves (sections are tables, not options)."""
-    for name, field in model.model_fields.items():
-        if field.exclude:  # e.g. --dry-run, a flag rather than a setting
-            continue
-        sections = [
-            t for a in (field.annotation, *typing.get_args(field.annotation))
-            for t in (a, *typing.get_args(a)) if isinstance(t, type) and issubclass(t, BaseModel)
-        ]  # fmt: skip
-        if sections:
-            for section in sections:
-                yield from options(section, f"{prefix}{name}.")
-        else:
-            yield prefix + name
+def generator() -> ModuleType:
+    path = ROOT / "scripts" / "config_reference.py"
+    spec = importlib.util.spec_from_file_location("config_reference", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_readme_config_reference_is_generated() -> None:
+    gen = generator()
+    assert gen.between_markers((ROOT / "README.md").read_text()) == gen.reference(), (
+        f"README.md's config reference differs from the config models: run `{gen.WRITE}`"
+    )
 
 
 @pytest.mark.parametrize("config", [RLConfig, SFTConfig])
-def test_readme_names_every_option(config: type[BaseModel]) -> None:
-    paths = sorted(set(options(config)))
-    assert "orchestrator.max_off_policy_steps" in paths or config is SFTConfig  # the walk reaches leaves
-    missing = [p for p in paths if f"`{p.rsplit('.', 1)[-1]}`" not in README and p not in README]
-    assert not missing, f"options missing from README.md's config reference: {missing}"
+def test_every_option_has_a_description(config: type[BaseModel]) -> None:
+    undocumented = [
+        f"{section.model.__name__}.{name}"
+        for section in generator().sections(config)
+        for name, field in section.model.model_fields.items()
+        if not (field.description or "").strip()
+    ]
+    assert not undocumented, f"give these fields a docstring (a string right after the field): {undocumented}"
+
+
+def test_sft_optim_lists_its_own_default() -> None:
+    assert "* `[optim]`: as `[trainer.optim]`, but `lr = 0.001`" in generator().reference()
+
+
+def test_defaults_render_as_toml() -> None:
+    toml = generator().toml
+    defaults: list[object] = [None, True, "float32", Path("outputs"), [], (0.9, 0.999), 5e-5, {"a": 1}]
+    assert [toml(v) for v in defaults] == [
+        "none", "true", '"float32"', '"outputs"', "[]", "[0.9, 0.999]", "5e-05", "{a = 1}"
+    ]  # fmt: skip

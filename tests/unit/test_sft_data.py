@@ -10,7 +10,7 @@ import pytest
 from lorarl.config.models import SFTDataConfig
 from lorarl.tiny_model import build_tokenizer
 from lorarl.trainer.chat import tokenize_with_assistant_mask
-from lorarl.trainer.sft_data import Conversation, DataOrder, load_sft_data, read_conversations, tokenize
+from lorarl.trainer.sft_data import Conversation, DataError, DataOrder, load_sft_data, read_conversations, tokenize
 
 CHAT = [
     {"role": "system", "content": "Be brief."},
@@ -127,7 +127,7 @@ def test_unknown_format_and_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"expected a \.jsonl or \.parquet file, or a `datasets` folder"):
         (tmp_path / "d.csv").write_text("a,b\n")
         read_conversations(tmp_path / "d.csv")
-    with pytest.raises(FileNotFoundError, match="no such file"):
+    with pytest.raises(DataError, match="no such file"):
         read_conversations(tmp_path / "missing.jsonl")
 
 

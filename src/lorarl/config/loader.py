@@ -12,7 +12,7 @@
     or repeated (`--inference.urls a --inference.urls b`). A value that starts with `-` needs `=`:
     `--inference.extra_args=--enforce-eager`. Lists of sections take JSON:
     `--orchestrator.env '[{"id": "x"}]'`.
-* `--help` prints every flag with its default and exits 0.
+* `--help` prints every flag with its description (the field's docstring) and default, and exits 0.
 
 Environment variables are never read. Any problem raises `ConfigError`, whose message names the key and
 where its value came from (a file, "command line" or "default").
@@ -129,6 +129,8 @@ def _read_file(path: str) -> dict[str, Any]:
         raise ConfigError(f"config file not found: {path}") from None
     except OSError as e:
         raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 ({e.reason} at byte {e.start})") from None
     try:
         data = tomllib.loads(text) if suffix == ".toml" else json.loads(text)
     except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
@@ -169,12 +171,15 @@ def _origin(loc: Loc, merged: dict[str, Any], layers: Layers) -> str:
 
 
 def _describe(error: ValidationError, merged: dict[str, Any], layers: Layers) -> str:
-    lines = ["invalid config:"]
+    """One line per problem, each naming the key and where its value came from."""
+    lines = []
     for err in error.errors():
-        key = ".".join(str(part) for part in err["loc"]) or "(top level)"
+        key = ".".join(str(part) for part in err["loc"])
+        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
         if err["type"] == "missing":
-            lines.append(f"  {key}: required, set it in a config file or with --{key}")
-            continue
-        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
-        lines.append(f"  {key}: {msg} (from {_origin(err['loc'], merged, layers)})")
+            lines.append(f"{key}: required, set it in a config file or with --{key}")
+        elif not key:  # a check across keys: its message names them
+            lines.append(msg)
+        else:
+            lines.append(f"{key}: {msg} (from {_origin(err['loc'], merged, layers)})")
     return "\n".join(lines)

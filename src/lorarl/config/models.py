@@ -2,6 +2,9 @@
 
 An `rl` TOML has the sections of `RLConfig`; an `sft` TOML those of `SFTConfig`. Every model
 forbids unknown keys, so a typo stops the program before anything starts.
+
+Each field's docstring is its one documentation: `--help` shows it, and scripts/config_reference.py
+renders README's config reference from it, so the two cannot drift apart.
 """
 
 from __future__ import annotations
@@ -9,34 +12,54 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-# vLLM's --max-lora-rank accepts only these values (VLLM_NOTES.md).
+# vLLM's --max-lora-rank accepts only these values (docs/vllm.md).
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # Field docstrings become the field descriptions, which `--help` shows.
+    # No NaN or infinity anywhere: an `lr = inf` would train a NaN adapter.
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, use_attribute_docstrings=True, allow_inf_nan=False
+    )
 
 
 class LoraConfig(Section):
     rank: int = Field(8, ge=1, le=VLLM_LORA_RANKS[-1])
+    """LoRA rank r: the inner dimension of each adapted module's two low-rank matrices. At most 512,
+    vLLM's largest `--max-lora-rank`; `rl` starts vLLM with the smallest value it accepts that holds r."""
     alpha: float = 16.0
+    """LoRA scaling: the adapter's output is multiplied by alpha / rank (alpha / sqrt(rank) with use_rslora)."""
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    """Dropout probability on the input of every LoRA branch while training; 0: no dropout."""
     use_rslora: bool = False
-    # Attention and MLP projections: attention-only LoRA underperforms in RL. As in PEFT: a list of
-    # module names (or dotted suffixes such as "self_attn.q_proj"; names the model lacks are ignored),
-    # a regex string that must match a whole module path, or "all-linear".
+    """Rank-stabilized LoRA: scale by alpha / sqrt(rank) instead of alpha / rank; false: alpha / rank."""
     target_modules: list[str] | str = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    # Modules left out of target_modules, in the same list-or-regex form.
+    """Modules that get a LoRA adapter, as in PEFT: a list of module names or dotted suffixes (such as
+    "self_attn.q_proj"; names the model lacks are ignored), or a string: a regex that must match whole
+    module paths such as "model.layers.0.self_attn.q_proj", or "all-linear" (every linear layer but the
+    output head). Adapting no module at all is an error. The default, the attention and MLP
+    projections, is there because attention-only LoRA underperforms in RL.
+    MoE: transformers 5 stores experts as fused 3D parameters, not linear layers; on Qwen3-MoE (and
+    the other MoE models PEFT converts from their transformers 4 layout) PEFT maps gate_proj + up_proj
+    onto mlp.experts.gate_up_proj at rank 2r and down_proj onto mlp.experts.down_proj, one LoRA per
+    expert ("all-linear" adds the router mlp.gate). `sft` trains those; the `rl` trainer refuses them
+    before step 0, because vLLM loads that fused layout only with `--enable-mixed-moe-lora-format` and
+    `is_3d_lora_weight` on each load request, which the orchestrator does not send: for RL on MoE use
+    target_modules = ["q_proj", "k_proj", "v_proj", "o_proj"]."""
     exclude_modules: list[str] | str = []
-    # Modules trained in full and saved with the adapter (e.g. "lm_head"): `sft` only, since vLLM
-    # serves LoRA weights alone (see check_for_rl).
+    """Modules left out of target_modules, in the same form: a list of module names or dotted suffixes,
+    or a regex string; []: none left out."""
     modules_to_save: list[str] = []
-    # Start from an existing PEFT adapter (e.g. the output of `sft`).
+    """Modules trained in full and saved with the adapter, matched as path suffixes (e.g. ["lm_head"]);
+    []: none. `sft` only: `rl` refuses them, also in an init_adapter, because vLLM serves LoRA weights only."""
     init_adapter: Path | None = None
+    """A PEFT adapter folder to start from (e.g. an `sft` result); its rank, alpha and use_rslora must
+    match this section. None: a fresh adapter, whose B = 0 makes it exactly the base model."""
 
     @field_validator("target_modules", "exclude_modules", mode="after")
     @classmethod
@@ -96,40 +119,61 @@ class LoraConfig(Section):
 
 
 class ModelConfig(Section):
-    name: str = Field(description="Hugging Face model folder (or hub id where a hub is reachable)")
+    name: str
+    """The base model: a Hugging Face model folder (or a hub id where a hub is reachable), which the
+    trainer and vLLM load."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """The dtype the trainer loads the weights in, and vLLM's `--dtype`: "float32", "bfloat16" or "float16"."""
     attn_implementation: str = "sdpa"
-    # Absent in an `sft` config means full fine-tuning; `rl` always trains a LoRA adapter.
+    """The trainer's transformers attention implementation ("sdpa", "eager", "flash_attention_2", ...).
+    Packing gives "sdpa" and "eager" a block-diagonal causal mask, flash attention position ids."""
     lora: LoraConfig | None = None
+    """The LoRA adapter to train. `rl` always trains one (absent: the defaults below); absent in an `sft`
+    config means full fine-tuning of every weight."""
 
 
 class OptimConfig(Section):
     lr: float = Field(5e-5, gt=0)
-    betas: tuple[float, float] = (0.9, 0.999)
-    weight_decay: float = 0.0
+    """AdamW learning rate, reached after warmup (the scheduler scales it from there)."""
+    betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = (0.9, 0.999)
+    """AdamW's (beta1, beta2): decay rates of its running averages of the gradient and its square."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW's decoupled weight decay of the trained parameters; 0: none."""
     max_norm: float = Field(1.0, gt=0)
+    """Gradient clipping: the gradient is scaled down to this global L2 norm where it is larger (the
+    logged grad_norm is the norm before clipping)."""
 
 
 class SchedulerConfig(Section):
     type: Literal["constant", "linear", "cosine"] = "constant"
+    """The learning rate after warmup: "constant" keeps lr; "linear" lowers it linearly, and "cosine" along
+    half a cosine, to 0 at max_steps."""
     warmup_steps: int = Field(0, ge=0)
+    """Steps over which the learning rate rises linearly from lr / warmup_steps to lr; 0: no warmup."""
 
 
 class LossConfig(Section):
-    # Importance ratio pi_trainer / pi_vllm of each token ("token"), or of each sample ("sequence":
-    # exp of the mean token log-ratio over its loss tokens, as GSPO). Tokens or samples whose ratio
-    # leaves [1 - ratio_low, 1 + ratio_high] are PPO-clipped ("clip") or dropped from the loss ("mask").
     ratio_level: Literal["token", "sequence"] = "token"
+    """What the importance ratio π_trainer / π_vLLM is taken of: "token": each token; "sequence": each
+    sample, exp of the mean token log-ratio over its loss tokens (the geometric mean of GSPO, which uses
+    a far narrower region, e.g. ratio_low 3e-4, ratio_high 4e-4)."""
     ratio_mode: Literal["clip", "mask"] = "clip"
+    """What happens to tokens or samples whose ratio leaves the trust region [1 - ratio_low, 1 + ratio_high]:
+    "clip": PPO-clipped; "mask": they carry no gradient."""
     ratio_low: float = Field(0.2, ge=0)
+    """Lower width of the trust region: ratios below 1 - ratio_low are clipped or masked (ratio_mode)."""
     ratio_high: float = Field(0.28, ge=0)
-    # Sum over loss tokens divided by: the step's loss tokens ("token"); each sample's loss tokens,
-    # then the step's samples ("sequence", GRPO); or norm_constant ("constant", Dr. GRPO: e.g.
-    # batch_size * max_tokens).
+    """Upper width of the trust region: ratios above 1 + ratio_high are clipped or masked (ratio_mode)."""
     norm: Literal["token", "sequence", "constant"] = "token"
+    """What the loss summed over loss tokens is divided by: "token": the step's loss tokens; "sequence":
+    each sample's loss tokens, then the step's samples (as GRPO); "constant": norm_constant (as Dr. GRPO)."""
     norm_constant: float | None = Field(None, gt=0)
-    # Weight of the per-token KL penalty (k3 estimator) to the base model, i.e. the adapter disabled.
+    """The divisor of norm = "constant", e.g. batch_size * max_tokens; None: unset, which only the other
+    norms allow."""
     kl_coef: float = Field(0.0, ge=0)
+    """Weight of a per-token KL penalty to the base model, the k3 estimator exp(d) - d - 1 with
+    d = log π_base - log π_trainer, where π_base is the same weights with the adapter disabled. 0: no
+    penalty; above 0 it costs one more forward per micro-batch and is logged as kl_to_base."""
 
     @model_validator(mode="after")
     def _constant_norm_has_its_constant(self) -> LossConfig:
@@ -139,25 +183,29 @@ class LossConfig(Section):
 
 
 class CheckpointConfig(Section):
-    interval: int | None = Field(
-        None, ge=1, description="write checkpoints/step_N/trainer/ every N steps; unset: never"
-    )
-    keep_last: int | None = Field(None, ge=1, description="delete all but the newest N checkpoints; unset: keep all")
+    interval: int | None = Field(None, ge=1)
+    """Write checkpoints/step_N/ every N steps: trainer/ (the adapter, or all weights in full fine-tuning;
+    optimizer, scheduler, RNG states, step and in `sft` the data position) and in `rl` orchestrator/ (its
+    position in every environment's example stream). None: no checkpoints."""
+    keep_last: int | None = Field(None, ge=1)
+    """Keep only the newest N checkpoints, deleting older ones as new ones are written; None: keep all."""
 
 
 class ResumeConfig(Section):
-    # `--resume` alone gives ResumeConfig() (the latest checkpoint); `--resume.step N` picks step N.
-    step: int | None = Field(None, ge=1, description="the checkpoint to resume from; unset: the latest")
+    step: int | None = Field(None, ge=1)
+    """The checkpoint to resume from, checkpoints/step_N (`--resume.step N`); None: the latest (`--resume`)."""
 
 
 class ParallelConfig(Section):
-    # Data-parallel ranks (torchrun; gloo on CPU, NCCL on GPU), each on its share of every batch.
     dp: int = Field(1, ge=1)
-    fsdp: bool = Field(
-        False,
-        description="shard the model's weights (frozen base and adapter) over the dp ranks with FSDP2, one shard "
-        "group per decoder layer; for models that don't fit one device",
-    )
+    """Data-parallel ranks: above 1, torchrun starts the trainer (in `sft`, the whole program) as N ranks
+    (gloo on CPU, NCCL on GPU), each on its share of every batch; gradients are summed and rank 0 writes
+    broadcasts, checkpoints and metrics. 1: a single process."""
+    fsdp: bool = False
+    """Also shard the model's weights (frozen base and adapter) over the dp ranks with FSDP2, one shard
+    group per decoder layer, for models that don't fit one device; needs dp >= 2. Results and
+    checkpoints are those of a run without it. Tested on CPU with gloo only. False: every rank holds
+    all weights."""
 
     @model_validator(mode="after")
     def _fsdp_shards_over_ranks(self) -> ParallelConfig:
@@ -168,68 +216,109 @@ class ParallelConfig(Section):
 
 class TrainerConfig(Section):
     optim: OptimConfig = OptimConfig()
+    """The optimizer, AdamW."""
     scheduler: SchedulerConfig = SchedulerConfig()
+    """The learning-rate schedule."""
     loss: LossConfig = LossConfig()
-    micro_batch_size: int = Field(
-        16, ge=1, description="per forward/backward: samples, or with packing rows of up to seq_len tokens"
-    )
-    # Several samples per row, each attending only to itself: the same loss and gradients, less padding.
-    packing: bool = Field(True, description="pack samples into rows of seq_len tokens, without cross-sample attention")
-    # Seconds to wait for a rollout batch before giving up (the orchestrator may have died).
+    """The policy-gradient loss: importance ratio, trust region, normalization, KL penalty."""
+    micro_batch_size: int = Field(16, ge=1)
+    """Samples per forward/backward pass, or with packing rows of up to seq_len tokens (the same bound on
+    tokens per pass); gradients accumulate over a step's passes."""
+    packing: bool = True
+    """Put several samples into each row, each with position ids from 0 and attention only within itself,
+    as in `sft`: the same loss, gradients and metrics up to float rounding, with less padding (a multi-turn
+    sample that overran seq_len gets a row of its own). False: one sample per padded row."""
     batch_timeout: float = Field(1800.0, gt=0)
-    # Recompute each layer's activations in the backward pass: far less activation memory, for one
-    # more forward pass per micro-batch.
+    """Seconds the trainer waits for the next rollout batch before giving up (the orchestrator may have died)."""
     gradient_checkpointing: bool = False
-    # Torch CPU threads. Unset: torch's default, except that `rl` starting vLLM workers on a machine
-    # without a GPU leaves one core per worker to vLLM (sharing a core with its worker is ~4x slower).
+    """Recompute each layer's activations in the backward pass: far less activation memory, for one more
+    forward pass per micro-batch. False: keep them."""
     num_threads: int | None = Field(None, ge=1)
+    """Torch CPU threads of each trainer rank. None: torch's default, except that `rl` starting vLLM
+    workers on a machine without a GPU leaves one core per worker to vLLM (sharing a core with its worker
+    is about 4x slower)."""
     parallel: ParallelConfig = ParallelConfig()
+    """Data-parallel trainer ranks and weight sharding."""
     ckpt: CheckpointConfig = CheckpointConfig()
+    """Checkpoints of the trainer and the orchestrator, to continue from with `--resume`."""
 
 
 class SamplingConfig(Section):
     temperature: float = Field(1.0, gt=0)
+    """Sampling temperature of rollouts; the trainer divides its logits by the same value (carried in each
+    rollout), so that its logprobs match vLLM's."""
     top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling: sample from the most likely tokens whose probabilities add up to top_p; 1: all
+    tokens. Below 1 vLLM renormalizes over the kept tokens, and trainer and vLLM logprobs no longer agree
+    exactly."""
     max_tokens: int = Field(128, ge=1)
+    """Most tokens generated per model turn (fewer where the episode would outgrow seq_len); a turn that
+    hits it counts as truncated."""
 
 
 class AdvantageConfig(Section):
-    # Group-normalized advantages: (r - mean(group)) / (std(group) + eps) when std_normalize.
     std_normalize: bool = True
+    """Divide each rollout's advantage, its reward minus its group's mean, by the group's standard deviation
+    (plus 1e-6); false: the centered reward alone."""
 
 
 class EnvConfig(Section):
     id: str = "reverse_text"
+    """A built-in environment ("reverse_text", "alphabet_sort", "unscramble", "math", "search") or
+    "package.module:factory", a callable that returns an Environment."""
     weight: float = Field(1.0, gt=0)
+    """Relative probability that a group plays this environment, against the other environments' weights."""
     args: dict[str, Any] = {}
+    """Keyword arguments of the environment's constructor or factory; {}: its defaults."""
 
 
 class EvalConfig(Section):
-    interval: int = Field(10, ge=1, description="evaluate policy versions 0, interval, 2*interval, ... and the last")
-    num_examples: int = Field(16, ge=1, description="held-out examples per environment")
-    rollouts_per_example: int = Field(4, ge=1, description="k of avg@k and pass@k")
-    seed: int = Field(10_000, description="draws the held-out examples (keep it apart from the training seed)")
+    interval: int = Field(10, ge=1)
+    """Evaluate policy versions 0, interval, 2 * interval, ... and the last."""
+    num_examples: int = Field(16, ge=1)
+    """Held-out examples per environment, the same at every eval."""
+    rollouts_per_example: int = Field(4, ge=1)
+    """k of avg@k (the mean reward) and pass@k (the mean over examples of the best of k rewards)."""
+    seed: int = 10_000
+    """Draws the held-out examples; keep it apart from orchestrator.seed, or the eval examples are the
+    first training examples."""
 
 
 class OrchestratorConfig(Section):
-    batch_size: int = Field(64, ge=1, description="rollouts per trainer step")
+    batch_size: int = Field(64, ge=1)
+    """Rollouts per trainer step: batch_size / rollouts_per_example groups."""
     rollouts_per_example: int = Field(8, ge=1)
-    # How many policy versions the batch for step s may lag: it is sampled with version >= s-1-N.
+    """Rollouts of one example, the group whose mean reward is each one's baseline; divides batch_size."""
     max_async_level: int = Field(1, ge=0)
-    # None: each batch holds exactly the groups drawn for its step (it waits for the slowest).
-    # K: continuous batching: a batch takes the first groups to finish, so slow ones roll over into
-    # later batches; a group that would lag more than K versions is dropped (and counted).
+    """How far sampling runs ahead of training: a group drawn for step N is sampled with a policy version
+    >= N - 1 - max_async_level. 0: fully on-policy, each batch waits for the trainer; 1: the next batch
+    is sampled while the trainer trains."""
     max_off_policy_steps: int | None = Field(None, ge=0)
+    """Continuous batching: a batch takes the first groups to finish, oldest policy first, so a slow group
+    rolls over into a later batch, and one that would lag more than this many versions is dropped
+    (counted in dropped/groups) and replaced; at least max_async_level. None: each batch holds exactly
+    the groups drawn for its step and waits for the slowest. vLLM's `--max-loras` follows the larger of
+    the two."""
     sampling: SamplingConfig = SamplingConfig()
+    """How vLLM samples rollouts (evals too)."""
     advantage: AdvantageConfig = AdvantageConfig()
+    """How rewards become advantages: group-normalized, against the other rollouts of the same example."""
     env: list[EnvConfig] = [EnvConfig()]
+    """The training environments, one [[orchestrator.env]] table each with keys id, weight and args (on the
+    command line a JSON list of such objects); absent: one "reverse_text"."""
     seed: int = 0
-    # Seconds to wait for the trainer's next adapter before giving up (the trainer may have died).
+    """Draws each group's environment and example; the same seed gives the same example stream."""
     policy_timeout: float = Field(1800.0, gt=0)
-    num_samples_to_log: int = Field(4, ge=0, description="decoded rollouts per step in samples/")
+    """Seconds the orchestrator waits for the trainer's next adapter before giving up (the trainer may
+    have died)."""
+    num_samples_to_log: int = Field(4, ge=0)
+    """Decoded rollouts per step, with their rewards, written to samples/step_N.jsonl; 0: none."""
     eval: EvalConfig | None = None
-    # Delete broadcasts/step_N once no worker serves version N any more (the final one stays).
+    """Evals on held-out examples of every environment, logged as `eval/<env>/avg@k` and `pass@k` with the
+    policy version as step; absent: no evals."""
     delete_old_broadcasts: bool = True
+    """Delete broadcasts/step_N once no worker serves version N any more (the final one stays; checkpoints
+    keep their own copy); false: keep every version."""
 
     @model_validator(mode="after")
     def _groups_fill_batch(self) -> OrchestratorConfig:
@@ -255,45 +344,95 @@ class OrchestratorConfig(Section):
         """How many versions older than the trainer's a rollout in a batch can be."""
         return self.max_async_level if self.max_off_policy_steps is None else self.max_off_policy_steps
 
+    @property
+    def adapter_slots(self) -> int:
+        """Adapter versions a vLLM worker must hold at once: every version rollouts may still use
+        (max_policy_lag + 1), plus the next one, loaded before the oldest is unloaded."""
+        return self.max_policy_lag + 2
+
 
 class InferenceConfig(Section):
     num_workers: int = Field(1, ge=1)
+    """vLLM servers `rl` starts, each serving the whole model (with several GPUs, worker i on GPU i);
+    requests go to the worker with the fewest in flight. Unused with urls."""
     host: str = "127.0.0.1"
-    port: int = Field(8000, description="worker i listens on port + i")
-    # Use vLLM servers that are already running instead of starting them.
+    """Address the vLLM servers `rl` starts listen on and are reached at."""
+    port: int = 8000
+    """Port of the first vLLM server `rl` starts; worker i listens on port + i."""
     urls: list[str] = []
+    """Base URLs of vLLM servers that are already running (e.g. "http://127.0.0.1:8000"), used instead of
+    starting any; several runs can share them. []: `rl` starts num_workers servers."""
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
-    kv_cache_gib: int = Field(1, ge=1, description="VLLM_CPU_KVCACHE_SPACE (whole GiB) on machines without a GPU")
+    """Fraction of its GPU's memory a vLLM server may take for weights and KV cache (vLLM's
+    `--gpu-memory-utilization`)."""
+    kv_cache_gib: int = Field(1, ge=1)
+    """KV cache per vLLM server in whole GiB on machines without a GPU (VLLM_CPU_KVCACHE_SPACE)."""
     startup_timeout: float = Field(600.0, gt=0)
+    """Seconds to wait for every vLLM server to answer /health before giving up."""
     extra_args: list[str] = []
+    """More arguments for every vLLM server `rl` starts, appended to its command (e.g. ["--enforce-eager"]);
+    a `--max-loras` here replaces the derived one and must hold max_policy_lag + 2 adapters. []: none."""
     unavailable_timeout: float = Field(300.0, gt=0)
     """Seconds the orchestrator keeps retrying while no worker answers (each failing worker is taken
     out of routing and put back once healthy, with the adapters in use); then the run stops."""
+
     max_restarts: int = Field(3, ge=0)
     """How many times `rl` restarts a worker it started that died (the orchestrator routes around it
     meanwhile); one more death stops the run. Workers given by `urls` are never restarted."""
 
+    @property
+    def given_max_loras(self) -> int | None:
+        """The `--max-loras` set in extra_args (`--max-loras N` or `--max-loras=N`), if any."""
+        for i, arg in enumerate(self.extra_args):
+            value = arg.partition("=")[2] if arg.startswith("--max-loras=") else None
+            if arg == "--max-loras":
+                value = self.extra_args[i + 1] if i + 1 < len(self.extra_args) else ""
+            if value is not None:
+                if not value.isdigit():
+                    raise ValueError(f"inference.extra_args: --max-loras takes a whole number, not {value!r}")
+                return int(value)
+        return None
+
 
 class WandbConfig(Section):
     project: str = "lorarl"
+    """The Weights & Biases project the run is logged to, one wandb run per component grouped by run_name."""
     mode: Literal["online", "offline", "disabled"] = "offline"
+    """Where wandb data goes: "offline": files in the run folder, for a later `wandb sync`; "online":
+    uploaded as the run goes; "disabled": nowhere, as if the table were absent."""
 
 
 class MonitorConfig(Section):
     jsonl: bool = True
+    """Append each component's metrics to metrics.jsonl in the run folder, one JSON object per line;
+    false: no metrics file."""
     console: bool = True
+    """Show progress on the console: `rl` prints one line per step, `sft` a progress bar with the loss,
+    tokens/s and the time left. False: neither (logs still go to logs/)."""
     wandb: WandbConfig | None = None
+    """Mirror the metrics to Weights & Biases; absent: no wandb. A [monitor.wandb] table, even empty,
+    turns it on."""
 
 
 class SharedConfig(Section):
     """Top-level keys that every part of a run reads."""
 
     max_steps: int = Field(20, ge=1)
-    seq_len: int = Field(512, ge=16, description="max prompt + completion tokens of one sample")
+    """Optimizer steps to train for: each takes one batch (of rollouts in `rl`, of data samples in `sft`);
+    the linear and cosine schedules reach 0 here."""
+    seq_len: int = Field(512, ge=16)
+    """Most tokens of one sample, prompt plus completion: vLLM's `--max-model-len` in `rl`; in `sft`,
+    longer examples are cut or left out (data.truncation). With packing, also the width of a row."""
     output_dir: Path = Path("outputs")
+    """Folder of run folders: a run writes everything to `<output_dir>/<run_name>/`."""
     run_name: str = Field("default", pattern=r"^[A-Za-z0-9._-]+$")
+    """Name of the run folder under output_dir, and in `rl` of its adapters in vLLM (`<run_name>-step<N>`),
+    so runs sharing servers never touch each other's adapters. Letters, digits, ".", "_" and "-"."""
     seed: int = 0
+    """Seeds torch in the trainer (a fresh adapter's initial weights) and vLLM's sampling (`--seed`); in
+    `sft` also the data order and the eval_fraction hold-out. Examples in `rl` follow orchestrator.seed."""
     monitor: MonitorConfig = MonitorConfig()
+    """Where metrics go: metrics.jsonl, the console, Weights & Biases."""
     overwrite: bool = Field(False, exclude=True)
     """Start over in a run folder that holds a previous run, deleting what lorarl wrote there
     (never other files); without it (or `--resume`) such a folder is refused."""
@@ -319,12 +458,23 @@ class SharedConfig(Section):
 
 
 class RLConfig(SharedConfig):
+    """`rl`: a trainer that updates a LoRA adapter, an orchestrator that samples and scores rollouts
+    through vLLM, and the vLLM servers."""
+
     model: ModelConfig
+    """The base model, and the LoRA adapter trained on it."""
     trainer: TrainerConfig = TrainerConfig()
+    """The trainer: one optimizer step on each rollout batch, then the new adapter to broadcasts/step_N."""
     orchestrator: OrchestratorConfig = OrchestratorConfig()
+    """The orchestrator: samples rollouts through vLLM, scores them and writes a batch for every step."""
     inference: InferenceConfig = InferenceConfig()
-    resume: ResumeConfig | None = Field(None, description="continue from a checkpoint in this run folder")
-    dry_run: bool = Field(False, exclude=True, description="write configs and commands, start nothing")
+    """The vLLM servers: started by `rl` (`inference` starts one alone), or already running (urls)."""
+    resume: ResumeConfig | None = None
+    """Continue from a checkpoint in this run folder, with the same examples as a run that never stopped:
+    `--resume` (the latest) or `--resume.step N`. What the run wrote after that step is dropped, and its
+    batches and adapters regenerated. Absent: a new run."""
+    dry_run: bool = Field(False, exclude=True)
+    """Write the run folder's configs/ (per-process configs and commands) and start nothing; false: run."""
     auto_resume: int = Field(0, ge=0, exclude=True)
     """When the trainer or the orchestrator dies, restart both from the latest complete checkpoint
     (`trainer.ckpt.interval` must be set) up to this many times, keeping the vLLM workers."""
@@ -337,18 +487,14 @@ class RLConfig(SharedConfig):
 
     @model_validator(mode="after")
     def _adapter_slots_fit(self) -> RLConfig:
-        # Every version rollouts may still use (max_policy_lag + 1), plus the next one, loaded
-        # before the oldest is unloaded, must fit in vLLM's adapter slots.
-        args = self.inference.extra_args
-        lag = self.orchestrator.max_policy_lag
-        if "--max-loras" in args[:-1]:
-            given = int(args[args.index("--max-loras") + 1])
-            if given < lag + 2:
-                raise ValueError(
-                    f"inference.extra_args sets --max-loras {given}, but rollouts may lag {lag} versions "
-                    f"(max_async_level / max_off_policy_steps), so {lag + 2} adapter versions can be loaded: "
-                    "raise --max-loras or leave it out (rl derives it)"
-                )
+        # A user's --max-loras must hold every adapter version a worker can have loaded at once.
+        slots = self.orchestrator.adapter_slots
+        if (given := self.inference.given_max_loras) is not None and given < slots:
+            raise ValueError(
+                f"inference.extra_args sets --max-loras {given}, but rollouts may lag "
+                f"{self.orchestrator.max_policy_lag} versions (max_async_level / max_off_policy_steps), "
+                f"so {slots} adapter versions can be loaded: raise --max-loras or leave it out (rl derives it)"
+            )
         return self
 
     @property
@@ -358,21 +504,23 @@ class RLConfig(SharedConfig):
 
 
 class SFTDataConfig(Section):
-    path: Path = Field(
-        description="JSONL or Parquet file, or a `datasets` folder; records {'messages': [{'role', 'content'}, ...]} "
-        "or {'prompt', 'completion'} (strings or message lists)"
-    )
-    split: str = Field("train", description="the split to use from a `datasets` folder that has several")
+    path: Path
+    """The training data: a .jsonl or .parquet file, or a folder that `datasets` loads. Records
+    are chats, {"messages": [{"role", "content"}, ...]}, or {"prompt", "completion"} whose parts are strings
+    (a user and an assistant message) or message lists."""
+    split: str = "train"
+    """The split to use from a `datasets` folder that has several (for path and eval_path)."""
     shuffle: bool = True
-    loss_on: Literal["assistant", "all", "last_turn"] = Field(
-        "assistant", description="tokens that carry loss: every assistant turn, every token, or the last assistant turn"
-    )
-    truncation: Literal["truncate", "skip"] = Field(
-        "truncate", description="an example longer than seq_len is cut to seq_len, or left out (counted and logged)"
-    )
-    # Held-out eval data: a random fraction of `path` (drawn with the run's seed) or a file of its own.
+    """Draw the samples of each epoch in a fresh seeded order; false: in file order."""
+    loss_on: Literal["assistant", "all", "last_turn"] = "assistant"
+    """Tokens that carry loss: "assistant": every assistant turn; "all": every token; "last_turn": the last
+    assistant turn. An example left without loss tokens is left out (counted and logged)."""
+    truncation: Literal["truncate", "skip"] = "truncate"
+    """An example longer than seq_len is cut to seq_len ("truncate") or left out ("skip", counted and logged)."""
     eval_fraction: float = Field(0.0, ge=0.0, lt=1.0)
+    """Fraction of path's records held out at random (drawn with the run's seed) for the eval loss; 0: none."""
     eval_path: Path | None = None
+    """Held-out eval data in a file or folder of its own, in the format of path; None: none (or eval_fraction)."""
 
     @model_validator(mode="after")
     def _one_eval_source(self) -> SFTDataConfig:
@@ -382,21 +530,41 @@ class SFTDataConfig(Section):
 
 
 class SFTEvalConfig(Section):
-    interval: int = Field(100, ge=1, description="eval loss every N steps and after the last (with eval data)")
+    interval: int = Field(100, ge=1)
+    """Compute the eval loss (eval/loss) every N steps and after the last; only with eval data
+    (data.eval_fraction or data.eval_path)."""
 
 
 class SFTConfig(SharedConfig):
+    """`sft`: supervised fine-tuning of a LoRA adapter, or of all weights, on chat data. The result is
+    written to `<output_dir>/<run_name>/final/`: a PEFT adapter, or a full model folder that [model] name
+    can point to."""
+
     model: ModelConfig
+    """The model to fine-tune, and the LoRA adapter if any."""
     data: SFTDataConfig
+    """The training data and how it is turned into samples."""
     optim: OptimConfig = OptimConfig(lr=1e-3)
+    """The optimizer, AdamW."""
     scheduler: SchedulerConfig = SchedulerConfig()
-    batch_size: int = Field(32, ge=1, description="samples per optimizer step")
-    micro_batch_size: int = Field(
-        32, ge=1, description="per forward/backward: samples, or with packing rows of up to seq_len tokens"
-    )
-    packing: bool = Field(True, description="pack samples into rows of seq_len tokens, without cross-sample attention")
+    """The learning-rate schedule."""
+    batch_size: int = Field(32, ge=1)
+    """Samples per optimizer step, drawn epoch after epoch."""
+    micro_batch_size: int = Field(32, ge=1)
+    """Samples per forward/backward pass, or with packing rows of up to seq_len tokens (the same bound on
+    tokens per pass); gradients accumulate over a step's passes."""
+    packing: bool = True
+    """Put several samples into each row, each with position ids from 0 and attention only within itself:
+    the same loss and gradients up to float rounding, with less padding. False: one sample per padded row."""
     log_interval: int = Field(10, ge=1)
+    """Log loss, grad_norm, lr and throughput to the metrics every N steps and after the last."""
     eval: SFTEvalConfig = SFTEvalConfig()
+    """When to compute the loss on held-out data."""
     parallel: ParallelConfig = ParallelConfig()
+    """Data-parallel ranks and weight sharding."""
     ckpt: CheckpointConfig = CheckpointConfig()
-    resume: ResumeConfig | None = Field(None, description="continue from a checkpoint in this run folder")
+    """Checkpoints, to continue from with `--resume`."""
+    resume: ResumeConfig | None = None
+    """Continue from a checkpoint in this run folder with the same config: `--resume` (the latest) or
+    `--resume.step N`; the same steps, data order and weights as a run that never stopped. What the run
+    wrote after that step is dropped. Absent: a new run."""

@@ -15,12 +15,6 @@ def vllm_max_lora_rank(rank: int) -> int:
     return next(r for r in VLLM_LORA_RANKS if r >= rank)
 
 
-def vllm_max_loras(max_policy_lag: int) -> int:
-    """Adapter slots per worker: every version rollouts may still use (max_policy_lag + 1),
-    plus the next one, loaded before the oldest is unloaded (RLConfig checks a user's value)."""
-    return max_policy_lag + 2
-
-
 def worker_urls(cfg: RLConfig) -> list[str]:
     inf = cfg.inference
     return list(inf.urls) or [f"http://{inf.host}:{inf.port + i}" for i in range(inf.num_workers)]
@@ -38,8 +32,7 @@ def vllm_command(cfg: RLConfig, worker: int = 0) -> list[str]:
         "--seed", str(cfg.seed),
         "--enable-lora",
         "--max-lora-rank", str(vllm_max_lora_rank(cfg.lora.rank)),
-        *([] if "--max-loras" in inf.extra_args else
-          ["--max-loras", str(vllm_max_loras(cfg.orchestrator.max_policy_lag))]),
+        *([] if inf.given_max_loras is not None else ["--max-loras", str(cfg.orchestrator.adapter_slots)]),
         # Logprobs of the distribution actually sampled from (temperature applied), which is what
         # the trainer computes; vLLM's default is the raw model distribution.
         "--logprobs-mode", "processed_logprobs",
