@@ -41,17 +41,22 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def prepare(cfg: SFTConfig) -> None:
+    from lorarl.trainer.sft_data import read_conversations  # loads torch: only once the config is valid
+
     run = RunFolder(cfg.run_dir)
     try:
         check_model(cfg.model.name)
         if cfg.model.lora is not None:
             cfg.model.lora.check_init_adapter()
-        if not cfg.data.path.exists():
-            raise PreflightError(f"data.path: {cfg.data.path} not found")
+        # Every record parses (format, UTF-8, roles): cheap next to training, and a data mistake then
+        # stops the run before its folder is touched. Tokenizing waits for the trainer.
+        for path in (cfg.data.path, cfg.data.eval_path):
+            if path is not None:
+                read_conversations(path, cfg.data.split)
         if cfg.resume is not None:
             run.resume_step(cfg.resume.step)
         log.info(run.prepare("sft", cfg.model_dump(mode="json"), cfg.resume is not None, cfg.overwrite))
-    except (PreflightError, RunFolderError, ValueError) as e:
+    except (PreflightError, RunFolderError, ValueError) as e:  # DataError is a ValueError
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
 

@@ -1,0 +1,275 @@
+"""Bad input to `rl`, `sft` and `merge`: each is refused with exit code 2 and one line that names the
+key, file or line at fault, no traceback, and no file written or deleted anywhere (a previous run,
+a user's folder, the model and the adapter stay as they were).
+
+`rl` cases run with `--dry-run`, which makes every check a real run makes: a case that slipped
+through would exit 0 instead of starting vLLM. Most cases call the commands' `main` in-process
+(fast); `test_the_installed_commands_refuse_alike` runs a few through the console scripts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import peft
+import pytest
+from transformers import AutoModelForCausalLM
+
+from lorarl.cli import merge, rl, sft
+from lorarl.run_folder import RunFolder
+from lorarl.tiny_model import save_tiny_model
+
+
+class Workspace:
+    """What a user has on disk when the bad input arrives."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.model = save_tiny_model(root / "model", hidden_size=64, num_layers=2)
+        self.adapter = root / "adapter"
+        lora = peft.LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"])
+        peft.get_peft_model(AutoModelForCausalLM.from_pretrained(self.model), lora).save_pretrained(self.adapter)
+        self.out = root / "outputs"
+        previous = RunFolder(self.out / "previous")  # a finished rl run, checkpoint of step 2 included
+        previous.prepare("rl", {}, resume=False, overwrite=False)
+        previous.write_checkpoint_half(2, "trainer", lambda d: (d / "state.json").write_text('{"step": 2}'))
+        previous.metrics.write_text('{"step": 1, "component": "trainer"}\n')
+        self.user = root / "thesis"  # a user's own folder
+        self.user.mkdir()
+        (self.user / "chapter1.tex").write_text("precious")
+        (self.out / "mine").mkdir(parents=True)
+        (self.out / "mine" / "notes.txt").write_text("mine")
+        self.earlier_merge = root / "merged"
+        self.earlier_merge.mkdir()
+        (self.earlier_merge / "lorarl-merge.json").write_text("{}")
+        (self.earlier_merge / "config.json").write_text("{}")
+        self.data = self.write("chat.jsonl", json.dumps({"prompt": "abc", "completion": "cba"}) + "\n")
+
+    def write(self, name: str, text: str | bytes) -> Path:
+        path = self.root / "inputs" / name
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(text if isinstance(text, bytes) else text.encode())
+        return path
+
+    def snapshot(self) -> dict[str, tuple[int, int]]:
+        return {str(p.relative_to(self.root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in self.root.rglob("*")}
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory: pytest.TempPathFactory) -> Workspace:
+    return Workspace(tmp_path_factory.mktemp("bad-inputs"))
+
+
+Case = tuple[str, Callable[[Workspace], list[str]], str]  # (command, its arguments, what the message names)
+
+
+def fill(arg: str, w: Workspace) -> str:
+    """`{w.model}` and the like replaced by the workspace's paths (JSON braces left alone)."""
+    return re.sub(r"\{w\.(\w+)\}", lambda m: str(getattr(w, m.group(1))), arg)
+
+
+def rl_args(*args: str, run_name: str = "new") -> Callable[[Workspace], list[str]]:
+    return lambda w: ["--model.name", str(w.model), "--output_dir", str(w.out), "--run_name", run_name,
+                      *(fill(a, w) for a in args), "--dry-run"]  # fmt: skip
+
+
+def sft_args(*args: str, data: str = "{w.data}", run_name: str = "new-sft") -> Callable[[Workspace], list[str]]:
+    return lambda w: ["--model.name", str(w.model), "--output_dir", str(w.out), "--run_name", run_name,
+                      "--data.path", fill(data, w), *(fill(a, w) for a in args)]  # fmt: skip
+
+
+def merge_args(base: str = "{w.model}", adapter: str = "{w.adapter}", out: str = "{w.root}/new-merge",
+               *more: str) -> Callable[[Workspace], list[str]]:  # fmt: skip
+    return lambda w: ["--base", fill(base, w), "--adapter", fill(adapter, w), "--out", fill(out, w), *more]
+
+
+def file_arg(name: str, text: str | bytes) -> Callable[[Workspace], str]:
+    return lambda w: str(w.write(name, text))
+
+
+CASES: list[Case] = [
+    # The command line and config files.
+    ("rl", rl_args("--nope", "1"), "unrecognized arguments: --nope"),
+    ("rl", rl_args("--trainer.optim.lrr", "1"), "unrecognized arguments: --trainer.optim.lrr"),
+    ("rl", lambda w: ["@", str(w.root / "missing.toml")], "config file not found"),
+    ("rl", lambda w: ["@", str(w.write("bad.toml", "[trainer\nx = 1"))], "bad.toml: invalid TOML"),
+    ("rl", lambda w: ["@", str(w.write("latin1.toml", b'run_name = "caf\xe9"\n'))], "latin1.toml: not UTF-8"),
+    ("rl", lambda w: ["@", str(w.write("cfg.yaml", "a: 1"))], "cfg.yaml: config files must end in .toml or .json"),
+    ("rl", lambda w: ["@", str(w.write("list.json", "[1, 2]"))], "list.json: the top level must be a table"),
+    ("rl", lambda w: ["@"], "expected a config file after '@'"),
+    (
+        "rl",
+        lambda w: ["@", str(w.write("typo.toml", "[trainer]\nlrr = 1\n")), "--model.name", str(w.model)],
+        "trainer.lrr: unknown key (from",
+    ),  # fmt: skip
+    ("rl", lambda w: ["--dry-run"], "model.name: required"),
+    # The model and the adapter.
+    ("rl", rl_args("--model.name", "{w.root}/no-model"), "model.name: "),
+    ("rl", rl_args("--model.name", "{w.data}"), "model.name: "),
+    ("rl", rl_args("--model.name", "{w.user}"), "has no config.json"),
+    ("rl", rl_args("--model.dtype", "float8"), "model.dtype"),
+    ("rl", rl_args("--model.lora.rank", "0"), "model.lora.rank"),
+    ("rl", rl_args("--model.lora.rank", "1000"), "model.lora.rank"),
+    ("rl", rl_args("--model.lora.dropout", "1.5"), "model.lora.dropout"),
+    ("rl", rl_args("--model.lora.target_modules", '["q_proj*", "v_proj"]'), "model.lora.target_modules"),
+    ("rl", rl_args("--model.lora.target_modules", "(unclosed"), "not a valid regular expression"),
+    ("rl", rl_args("--model.lora.modules_to_save", '["lm_head"]'), "modules_to_save"),
+    ("rl", rl_args("--model.lora.init_adapter", "{w.root}/no-adapter"), "model.lora.init_adapter"),
+    ("rl", rl_args("--model.lora.init_adapter", "{w.adapter}", "--model.lora.rank", "16"), "has r=8"),
+    # The trainer.
+    ("rl", rl_args("--trainer.optim.lr", "0"), "trainer.optim.lr"),
+    ("rl", rl_args("--trainer.optim.lr", "-1e-4"), "trainer.optim.lr"),
+    ("rl", rl_args("--trainer.optim.lr", "inf"), "trainer.optim.lr: Input should be a finite number"),
+    ("rl", rl_args("--trainer.optim.lr", "nan"), "trainer.optim.lr"),
+    ("rl", rl_args("--trainer.optim.betas", "[0.9, 1.5]"), "trainer.optim.betas"),
+    ("rl", rl_args("--trainer.optim.weight_decay", "-0.1"), "trainer.optim.weight_decay"),
+    ("rl", rl_args("--trainer.optim.max_norm", "0"), "trainer.optim.max_norm"),
+    ("rl", rl_args("--trainer.scheduler.type", "exponential"), "trainer.scheduler.type"),
+    ("rl", rl_args("--trainer.scheduler.warmup_steps", "-1"), "trainer.scheduler.warmup_steps"),
+    ("rl", rl_args("--trainer.loss.ratio_low", "-0.1"), "trainer.loss.ratio_low"),
+    ("rl", rl_args("--trainer.loss.norm", "constant"), "norm_constant"),
+    ("rl", rl_args("--trainer.loss.kl_coef", "-1"), "trainer.loss.kl_coef"),
+    ("rl", rl_args("--trainer.micro_batch_size", "0"), "trainer.micro_batch_size"),
+    ("rl", rl_args("--trainer.parallel.fsdp"), "needs dp >= 2"),
+    ("rl", rl_args("--trainer.parallel.dp", "0"), "trainer.parallel.dp"),
+    ("rl", rl_args("--trainer.ckpt.interval", "0"), "trainer.ckpt.interval"),
+    ("rl", rl_args("--max_steps", "0"), "max_steps"),
+    ("rl", rl_args("--seq_len", "8"), "seq_len"),
+    # The run folder.
+    ("rl", rl_args(run_name=".."), "run_name"),
+    ("rl", rl_args(run_name="."), "run_name"),
+    ("rl", rl_args(run_name="a/b"), "run_name"),
+    ("rl", lambda w: ["--model.name", str(w.model), "--output_dir", "/", "--dry-run"], "output_dir"),
+    ("rl", lambda w: ["--model.name", str(w.model), "--output_dir", "", "--dry-run"], "output_dir"),
+    ("rl", rl_args(run_name="previous"), "holds a previous rl run"),
+    ("rl", rl_args("--resume", run_name="new"), "--resume: no complete checkpoint"),
+    ("rl", rl_args("--resume.step", "3", run_name="previous"), "--resume.step 3: no complete checkpoint"),
+    ("rl", rl_args("--resume", "--overwrite", run_name="previous"), "give one of them"),
+    ("rl", rl_args("--overwrite", run_name="mine"), "was not written by lorarl"),
+    (
+        "rl",
+        lambda w: [
+            "--model.name",
+            str(w.model),
+            "--output_dir",
+            str(w.root),
+            "--run_name",
+            "thesis",
+            "--overwrite",
+            "--dry-run",
+        ],
+        "was not written by lorarl",
+    ),  # fmt: skip
+    # The orchestrator and its environments.
+    ("rl", rl_args("--orchestrator.batch_size", "10"), "must be a multiple of rollouts_per_example"),
+    (
+        "rl",
+        rl_args("--orchestrator.max_off_policy_steps", "0", "--orchestrator.max_async_level", "1"),
+        "max_off_policy_steps (0) < max_async_level (1)",
+    ),  # fmt: skip
+    ("rl", rl_args("--orchestrator.sampling.temperature", "0"), "orchestrator.sampling.temperature"),
+    ("rl", rl_args("--orchestrator.sampling.top_p", "1.5"), "orchestrator.sampling.top_p"),
+    ("rl", rl_args("--orchestrator.sampling.max_tokens", "0"), "orchestrator.sampling.max_tokens"),
+    ("rl", rl_args("--orchestrator.env", '[{"id": "nope"}]'), "unknown environment 'nope'"),
+    ("rl", rl_args("--orchestrator.env", '[{"id": "no_such_module:make"}]'), "No module named 'no_such_module'"),
+    (
+        "rl",
+        rl_args("--orchestrator.env", '[{"id": "os:system", "args": {"command": "touch {w.root}/pwned"}}]'),
+        "not an Environment class",
+    ),  # fmt: skip
+    ("rl", rl_args("--orchestrator.env", '[{"id": "reverse_text", "args": {"nope": 1}}]'), "args do not fit"),
+    ("rl", rl_args("--orchestrator.env", '[{"id": "reverse_text", "weight": 0}]'), "orchestrator.env.0.weight"),
+    ("rl", rl_args("--orchestrator.env", "[]"), "no environment given"),
+    ("rl", rl_args("--orchestrator.eval", '{"num_examples": 0}'), "orchestrator.eval.num_examples"),
+    # Inference.
+    ("rl", rl_args("--inference.port", "70000"), "inference.port"),
+    ("rl", rl_args("--inference.num_workers", "0"), "inference.num_workers"),
+    ("rl", rl_args("--inference.kv_cache_gib", "0.5"), "inference.kv_cache_gib"),
+    ("rl", rl_args("--inference.extra_args=--max-loras", "--inference.extra_args=1"), "raise --max-loras"),
+    ("rl", rl_args("--inference.extra_args=--max-loras=many"), "inference.extra_args: --max-loras takes a whole"),
+    # sft.
+    ("sft", sft_args(data="{w.root}/no-data.jsonl"), "no-data.jsonl: no such file"),
+    ("sft", sft_args(data="{w.user}/chapter1.tex"), "expected a .jsonl or .parquet file"),
+    ("sft", sft_args(data="{w.root}/inputs/broken.jsonl"), "broken.jsonl:2: malformed record"),
+    ("sft", sft_args(data="{w.root}/inputs/latin1.jsonl"), "latin1.jsonl:1: not UTF-8"),
+    ("sft", sft_args(data="{w.root}/inputs/roles.jsonl"), "roles.jsonl:1: malformed record: 'messages' has"),
+    ("sft", sft_args("--data.eval_fraction", "0.1", "--data.eval_path", "{w.data}"), "not both"),
+    ("sft", sft_args("--data.loss_on", "everything"), "data.loss_on"),
+    ("sft", sft_args("--batch_size", "0"), "batch_size"),
+    ("sft", sft_args(run_name="previous"), "holds a previous rl run"),
+    ("sft", sft_args("--resume", run_name="previous"), "holds an rl run, not an sft run"),
+    ("sft", sft_args("--model.name", "{w.root}/no-model"), "model.name: "),
+    # merge.
+    ("merge", merge_args(out="{w.model}"), "overlaps --base"),
+    ("merge", merge_args(out="{w.adapter}/merged"), "overlaps --adapter"),
+    ("merge", merge_args(out="{w.root}"), "overlaps"),
+    ("merge", merge_args(out="{w.user}"), "is not empty and is not an earlier merge output"),
+    ("merge", merge_args(out="{w.earlier_merge}"), "add --overwrite to replace it"),
+    ("merge", merge_args(out="{w.data}"), "is a file"),
+    ("merge", merge_args(adapter="{w.user}"), "--adapter"),
+    ("merge", merge_args(base="{w.root}/no-model"), "--base"),
+]
+COMMANDS = {"rl": rl.main, "sft": sft.main, "merge": merge.main}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def data_files(ws: Workspace) -> None:
+    ws.write("broken.jsonl", json.dumps({"prompt": "a", "completion": "b"}) + "\n{oops\n")
+    ws.write("latin1.jsonl", b'{"prompt": "caf\xe9", "completion": "b"}\n')
+    ws.write("roles.jsonl", json.dumps({"messages": [{"role": "narrator", "content": "x"}]}) + "\n")
+
+
+@pytest.fixture
+def port_taken(ws: Workspace) -> Iterator[int]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield int(s.getsockname()[1])
+
+
+def refused(command: str, argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        COMMANDS[command](argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2, err
+    return err
+
+
+@pytest.mark.parametrize(("command", "args", "names"), CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
+def test_bad_input_is_refused_in_one_line_and_touches_nothing(
+    ws: Workspace, capsys: pytest.CaptureFixture[str], command: str, args: Callable[[Workspace], list[str]], names: str
+) -> None:
+    argv = args(ws)
+    before = ws.snapshot()
+    cwd = os.getcwd()
+    os.chdir(ws.root)  # nothing may land in the working directory either
+    try:
+        err = refused(command, argv, capsys)
+    finally:
+        os.chdir(cwd)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and names in lines[0], err
+    assert ws.snapshot() == before
+
+
+def test_a_port_in_use_is_named(ws: Workspace, port_taken: int, capsys: pytest.CaptureFixture[str]) -> None:
+    err = refused("rl", rl_args("--inference.port", str(port_taken))(ws), capsys)
+    assert f"inference.port: 127.0.0.1:{port_taken} is not free" in err
+
+
+def test_the_installed_commands_refuse_alike(ws: Workspace) -> None:
+    """Through the console scripts users run, from another folder: one line, exit code 2."""
+    bin_dir = Path(sys.executable).parent
+    chosen = ("unrecognized arguments: --nope", "holds a previous rl run", "not an Environment class",
+              "broken.jsonl:2: malformed record", "overlaps --base")  # fmt: skip
+    for command, args, names in (c for c in CASES if c[2] in chosen):
+        result = subprocess.run([str(bin_dir / command), *args(ws)], capture_output=True, text=True, cwd=ws.user)
+        assert result.returncode == 2 and names in result.stderr, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
