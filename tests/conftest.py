@@ -17,6 +17,9 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 REPO = Path(__file__).resolve().parents[1]
+# Every vLLM server of the tests requires this key (inference.api_key), so every test also checks
+# that lorarl sends it.
+API_KEY = "lorarl-test-key"
 
 
 @pytest.fixture(scope="session")
@@ -48,7 +51,8 @@ def vllm_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     port = free_port()
     log = tmp_path_factory.mktemp("vllm") / "inference.log"
     cmd = [sys.executable, "-m", "lorarl.cli.inference", "--model.name", str(tiny_model),
-           "--seq_len", "1024", "--inference.port", str(port), "--orchestrator.max_async_level", "2"]  # fmt: skip
+           "--seq_len", "1024", "--inference.port", str(port), "--orchestrator.max_async_level", "2",
+           "--inference.api_key", API_KEY]  # fmt: skip
     with open(log, "wb") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"

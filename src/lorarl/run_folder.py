@@ -16,6 +16,7 @@ touched.
 from __future__ import annotations
 
 import datetime
+import fcntl
 import hashlib
 import json
 import os
@@ -27,6 +28,7 @@ from typing import Any
 
 STABLE = "STABLE"
 MARKER = "run.json"
+LOCK = ".lock"  # held (flock) by the `rl` or `sft` process while the run is alive
 MANIFEST = "MANIFEST.json"
 _STEP = re.compile(r"^step_(\d+)$")
 # Everything lorarl writes at the top of a run folder; clearing never reaches beyond these.
@@ -42,6 +44,7 @@ class RunFolderError(Exception):
 class RunFolder:
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
+        self._lock_fd: int | None = None
 
     configs = property(lambda self: self.root / "configs")
     logs = property(lambda self: self.root / "logs")
@@ -114,6 +117,8 @@ class RunFolder:
         nothing, when the folder cannot be used as asked."""
         if resume and overwrite:
             raise RunFolderError("--resume continues a run and --overwrite starts it over: give one of them")
+        if self.is_alive():
+            raise RunFolderError(f"{self.root} belongs to a run that is still going: stop it, or pick another run_name")
         if self.root.exists() and not self.root.is_dir():
             raise RunFolderError(f"{self.root} is a file, not a run folder: choose another output_dir or run_name")
         entries = list(self.root.iterdir()) if self.root.is_dir() else []
@@ -151,6 +156,29 @@ class RunFolder:
         self.root.mkdir(parents=True, exist_ok=True)
         self._write_marker(kind, config, previous if resume else None)
         return done
+
+    def hold_lock(self) -> None:
+        """Mark the run alive for as long as this process lives (the lock goes with it, even on SIGKILL)."""
+        fd = os.open(self.root / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # prepare() checked no one holds it
+        os.set_inheritable(fd, True)  # kept across `sft`'s exec into torchrun; Popen children never get it
+        self._lock_fd = fd
+
+    def is_alive(self) -> bool:
+        """Whether another process holds this run's lock: its `rl` or `sft` is still going."""
+        if self._lock_fd is not None:
+            return False  # our own run
+        try:
+            fd = os.open(self.root / LOCK, os.O_RDONLY)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return False
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
 
     def clear_regenerated(self) -> None:
         """Remove what a resumed run writes again from its checkpoint on (batches, adapters, samples)."""

@@ -11,6 +11,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from tests.conftest import API_KEY
+
 
 def rl_config(tiny_model: Path, out: Path, run_name: str, **overrides: Any) -> dict[str, Any]:
     cfg: dict[str, Any] = {
@@ -26,6 +28,7 @@ def rl_config(tiny_model: Path, out: Path, run_name: str, **overrides: Any) -> d
             "max_async_level": 0,
             "sampling": {"temperature": 0.7, "max_tokens": 12},
         },
+        "inference": {"api_key": API_KEY},
         "monitor": {"console": True},
     }
     for key, value in overrides.items():
@@ -72,6 +75,11 @@ def wait_for_trainer_steps(proc: subprocess.Popen[str], run_dir: Path, steps: in
         time.sleep(0.5)
 
 
+def models_request(url: str) -> urllib.request.Request:
+    """GET /v1/models of a test server, with its key."""
+    return urllib.request.Request(f"{url}/v1/models", headers={"Authorization": f"Bearer {API_KEY}"})
+
+
 class ModelListWatcher:
     """Polls GET /v1/models in the background and remembers every model id it saw."""
 
@@ -84,7 +92,7 @@ class ModelListWatcher:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                with urllib.request.urlopen(f"{self.url}/v1/models", timeout=5) as r:
+                with urllib.request.urlopen(models_request(self.url), timeout=5) as r:
                     self.seen |= {m["id"] for m in json.load(r)["data"]}
             except OSError:
                 pass

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import subprocess
+import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.integration.helpers import ModelListWatcher, metrics, rl_command, rl_config, write_config
+from tests.integration.helpers import ModelListWatcher, metrics, models_request, rl_command, rl_config, write_config
 
 pytestmark = pytest.mark.integration
 
@@ -55,8 +56,11 @@ def test_two_runs_share_one_inference_server(tiny_model: Path, vllm_server: str,
             assert ("step    3/3 | reward" in out) == (name == "alice"), out
     for name in ("alice", "bob"):
         assert {f"{name}-step{s}" for s in range(4)} <= watcher.seen
+    # The server takes no request without its key (inference.api_key), which the runs sent.
+    with pytest.raises(urllib.error.HTTPError, match="401"):
+        urllib.request.urlopen(f"{vllm_server}/v1/models")
     # Each run's final adapter stays served from its own folder.
-    with urllib.request.urlopen(f"{vllm_server}/v1/models") as r:
+    with urllib.request.urlopen(models_request(vllm_server)) as r:
         roots = {m["id"]: m["root"] for m in json.load(r)["data"]}
     for name in ("alice", "bob"):
         assert Path(roots[f"{name}-step3"]) == (tmp_path / name / "broadcasts" / "step_3").resolve()

@@ -79,6 +79,9 @@ def test_the_whole_tree_killed_at_once_then_resume(tiny_model: Path, vllm_server
     assert list(run.glob("logs/previous-*/trainer.log"))  # the crashed run's logs are kept
 
 
+FORWARDED = {"Content-Type", "Authorization"}
+
+
 class FailingProxy:
     """A loopback proxy in front of a real vLLM server that answers every `every`-th completion
     request with HTTP 500, as an overloaded or failing server would."""
@@ -104,8 +107,8 @@ class FailingProxy:
                 request.method,
                 self.upstream + request.path_qs,
                 data=await request.read(),
-                headers={"Content-Type": request.content_type},
-            ) as resp,  # fmt: skip
+                headers={k: v for k, v in request.headers.items() if k in FORWARDED},
+            ) as resp,
         ):
             return web.Response(status=resp.status, body=await resp.read(), content_type=resp.content_type)
 

@@ -191,6 +191,7 @@ CASES: list[Case] = [
     # Inference.
     ("rl", rl_args("--inference.port", "70000"), "inference.port"),
     ("rl", rl_args("--inference.num_workers", "0"), "inference.num_workers"),
+    ("rl", rl_args("--inference.host", "0.0.0.0"), "inference.api_key is required"),
     ("rl", rl_args("--inference.kv_cache_gib", "0.5"), "inference.kv_cache_gib"),
     ("rl", rl_args("--inference.extra_args=--max-loras", "--inference.extra_args=1"), "raise --max-loras"),
     ("rl", rl_args("--inference.extra_args=--max-loras=many"), "inference.extra_args: --max-loras takes a whole"),

@@ -31,6 +31,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     log.info(done)
+    if not cfg.dry_run:
+        run.hold_lock()
     has_gpu = _has_gpu()
     specs = plan_run(cfg, run, has_gpu)
     if cfg.dry_run:

@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg = load_or_exit(SFTConfig, args)
     setup_logging("sft")
     if os.environ.get(_PREPARED) != str(cfg.run_dir):
-        prepare(cfg)
+        prepare(cfg)  # takes the run's lock, held until this process (or what it execs into) ends
     if cfg.parallel.dp > 1 and "WORLD_SIZE" not in os.environ:
         os.environ[_PREPARED] = str(cfg.run_dir)
         os.execv(sys.executable, [*torchrun(cfg.parallel.dp), "-m", "lorarl.cli.sft", *args])
@@ -56,6 +56,7 @@ def prepare(cfg: SFTConfig) -> None:
         if cfg.resume is not None:
             run.resume_step(cfg.resume.step)
         log.info(run.prepare("sft", cfg.model_dump(mode="json"), cfg.resume is not None, cfg.overwrite))
+        run.hold_lock()
     except (PreflightError, RunFolderError, ValueError) as e:  # DataError is a ValueError
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None

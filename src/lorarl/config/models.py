@@ -9,6 +9,7 @@ renders README's config reference from it, so the two cannot drift apart.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 from pathlib import Path
@@ -376,9 +377,22 @@ class InferenceConfig(Section):
     """Seconds the orchestrator keeps retrying while no worker answers (each failing worker is taken
     out of routing and put back once healthy, with the adapters in use); then the run stops."""
 
+    api_key: str | None = None
+    """Key the vLLM servers `rl` starts require (vLLM's `--api-key`) and the orchestrator sends
+    (`Authorization: Bearer`), also to servers given by urls. Required when host is not a loopback
+    address, so that a server reachable from other machines never serves (or swaps) adapters for
+    anyone. None: no key."""
     max_restarts: int = Field(3, ge=0)
     """How many times `rl` restarts a worker it started that died (the orchestrator routes around it
     meanwhile); one more death stops the run. Workers given by `urls` are never restarted."""
+
+    @model_validator(mode="after")
+    def _open_servers_need_a_key(self) -> InferenceConfig:
+        if self.api_key is None and not _is_loopback(self.host):
+            raise ValueError(
+                f"inference.api_key is required when inference.host ({self.host}) is not a loopback address"
+            )
+        return self
 
     @property
     def given_max_loras(self) -> int | None:
@@ -392,6 +406,13 @@ class InferenceConfig(Section):
                     raise ValueError(f"inference.extra_args: --max-loras takes a whole number, not {value!r}")
                 return int(value)
         return None
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 class WandbConfig(Section):

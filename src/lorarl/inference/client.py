@@ -46,7 +46,7 @@ class Completion:
 class InferenceClient:
     """One vLLM server. `in_flight` counts requests not yet answered (for routing)."""
 
-    def __init__(self, base_url: str, timeout: float = 600.0, retries: int = 3) -> None:
+    def __init__(self, base_url: str, timeout: float = 600.0, retries: int = 3, api_key: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.in_flight = 0
         # Adapter names loaded through this client (the pool resets it from /v1/models after an outage).
@@ -56,12 +56,13 @@ class InferenceClient:
         self._busy_since = 0.0
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._retries = retries
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._session: aiohttp.ClientSession | None = None
 
     @property
     def session(self) -> aiohttp.ClientSession:
         if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=self._timeout)
+            self._session = aiohttp.ClientSession(timeout=self._timeout, headers=self._headers)
         return self._session
 
     async def close(self) -> None:

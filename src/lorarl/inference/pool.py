@@ -27,11 +27,16 @@ class InferenceUnavailable(RuntimeError):
 
 class WorkerPool:
     def __init__(
-        self, urls: list[str], timeout: float = 600.0, unavailable_timeout: float = 300.0, poll: float = 0.5
+        self,
+        urls: list[str],
+        api_key: str | None = None,
+        timeout: float = 600.0,
+        unavailable_timeout: float = 300.0,
+        poll: float = 0.5,
     ) -> None:
         if not urls:
             raise ValueError("no inference worker URLs")
-        self.workers = [InferenceClient(u, timeout) for u in urls]
+        self.workers = [InferenceClient(u, timeout, api_key=api_key) for u in urls]
         self.routable = list(self.workers)
         self.unavailable_timeout, self.poll = unavailable_timeout, poll
         # Every adapter the run has loaded and not unloaded: name -> folder. A returning worker gets them all.

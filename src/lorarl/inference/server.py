@@ -37,6 +37,7 @@ def vllm_command(cfg: RLConfig, worker: int = 0) -> list[str]:
         # the trainer computes; vLLM's default is the raw model distribution.
         "--logprobs-mode", "processed_logprobs",
         "--gpu-memory-utilization", str(inf.gpu_memory_utilization),
+        *(["--api-key", inf.api_key] if inf.api_key else []),
         *inf.extra_args,
     ]  # fmt: skip
 

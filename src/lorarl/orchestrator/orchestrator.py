@@ -66,7 +66,7 @@ async def orchestrate(cfg: RLConfig) -> None:
         step = resumed + 1
         log.info("resuming at step %d", step)
 
-    pool = WorkerPool(worker_urls(cfg))
+    pool = WorkerPool(worker_urls(cfg), cfg.inference.api_key, unavailable_timeout=cfg.inference.unavailable_timeout)
     runner = EpisodeRunner(pool, tokenizer, ocfg.sampling, cfg.seq_len)
     log.info("waiting for %d inference worker(s): %s", len(pool.workers), [w.base_url for w in pool.workers])
     await asyncio.to_thread(wait_until_healthy, worker_urls(cfg), cfg.inference.startup_timeout)
