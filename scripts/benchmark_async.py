@@ -64,6 +64,7 @@ def main() -> None:
             subprocess.run(
                 [sys.executable, "-m", "lorarl.cli.rl", *args.config, "--inference.urls", json.dumps([url]),
                  "--orchestrator.max_async_level", str(level), "--max_steps", str(args.steps), "--run_name", name,
+                 "--overwrite",  # the benchmark's own runs, from an earlier invocation
                  *continuous,
                  # rl leaves vLLM its core only when it starts the workers itself.
                  "--trainer.num_threads", str(max(1, (os.cpu_count() or 1) - 1))],

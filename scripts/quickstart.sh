@@ -12,7 +12,7 @@ PY=.venv/bin/python
     $PY scripts/make_sft_data.py --env reverse_text --num 4000 --out outputs/data/reverse_text_sft.jsonl
 
 echo "== sft: supervised warm-up (configs/quickstart/sft.toml)"
-.venv/bin/sft @ configs/quickstart/sft.toml
+.venv/bin/sft @ configs/quickstart/sft.toml --overwrite   # the quickstart may run again: start over
 echo "== rl: LoRA RL through vLLM (configs/quickstart/rl.toml)"
-.venv/bin/rl @ configs/quickstart/rl.toml
+.venv/bin/rl @ configs/quickstart/rl.toml --overwrite
 $PY scripts/summarize_run.py outputs/quickstart-rl
