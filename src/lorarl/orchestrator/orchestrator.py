@@ -7,20 +7,17 @@ before each batch; with more it samples ahead while the trainer trains, keeping 
 Finished groups are assembled into batches (`BatchAssembler`: by default the groups drawn for N;
 with `max_off_policy_steps` the first to finish, dropping those grown too old); each batch's
 rewards become group-normalized advantages and it is written to rollouts/step_N for the trainer.
+
+Its helpers (rollout conversion, batch metrics, samples, checkpoint) live in modules of their own
+beside it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import statistics
 import time
-from dataclasses import dataclass
-from itertools import islice
 from typing import Any
-
-from transformers import AutoTokenizer
 
 from lorarl.config.models import RLConfig
 from lorarl.inference.client import WorkerPool
@@ -28,41 +25,40 @@ from lorarl.inference.health import wait_until_healthy
 from lorarl.inference.server import worker_urls
 from lorarl.monitor.metrics import MetricsLogger
 from lorarl.orchestrator.adapters import AdapterWatcher
-from lorarl.orchestrator.advantages import group_advantages
 from lorarl.orchestrator.batch_assembly import BatchAssembler
+from lorarl.orchestrator.batch_metrics import batch_metrics
+from lorarl.orchestrator.checkpoint import SamplerCheckpoints
 from lorarl.orchestrator.envs import load_environment
 from lorarl.orchestrator.envs.base import Environment, Example
-from lorarl.orchestrator.episodes import EpisodeRunner, PlayedEpisode
+from lorarl.orchestrator.episodes import EpisodeRunner
 from lorarl.orchestrator.evals import Evaluator
+from lorarl.orchestrator.groups import Group
+from lorarl.orchestrator.rollout_conversion import to_rollouts
 from lorarl.orchestrator.sampler import ExampleSampler
-from lorarl.rollouts import Rollout, RolloutBatch
-from lorarl.run_folder import RunFolder, write_folder_atomically
+from lorarl.orchestrator.samples import write_samples
+from lorarl.rollouts import RolloutBatch, policy_lag
+from lorarl.run_folder import RunFolder
 
 log = logging.getLogger("lorarl.orchestrator")
 
 
-@dataclass
-class Group:
-    """`rollouts_per_example` episodes of one example, played with one policy version."""
-
-    env: Environment
-    version: int
-    episodes: list[PlayedEpisode]
-    scores: list[dict[str, float]]
-
-
 async def orchestrate(cfg: RLConfig) -> None:
+    # Imported here: transformers' AutoTokenizer module imports torch and its FSDP (through
+    # auto_docstring, the model auto classes and generation), which the loop itself never needs.
+    from transformers import AutoTokenizer
+
     ocfg = cfg.orchestrator
     run = RunFolder(cfg.run_dir).create()
     metrics = MetricsLogger(run.metrics, "orchestrator", cfg.monitor, cfg.run_name)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.name)
     envs = [load_environment(e.id, e.args) for e in ocfg.env]
     sampler = ExampleSampler(envs, [e.weight for e in ocfg.env], ocfg.seed)
+    checkpoints = SamplerCheckpoints(run, sampler, cfg.trainer.ckpt.interval)
     groups_per_step = ocfg.batch_size // ocfg.rollouts_per_example
     step = 1
     if cfg.resume is not None:  # continue after the trainer's checkpoint, with the same examples
         resumed = run.resume_step(cfg.resume.step)
-        sampler.load_state_dict(json.loads((run.orchestrator_checkpoint(resumed) / "state.json").read_text()))
+        checkpoints.restore(resumed)
         step = resumed + 1
         log.info("resuming at step %d", step)
 
@@ -106,9 +102,6 @@ async def orchestrate(cfg: RLConfig) -> None:
     # Groups launched and not dropped: the first groups_per_step are for step 1, and so on.
     live = (step - 1) * groups_per_step
     dropped = 0  # groups dropped as too old since the last batch
-    # The sampler's state once the last group of a step was drawn: a checkpoint of that step saves it.
-    sampler_states: dict[int, dict[str, Any]] = {}
-    ckpt_interval = cfg.trainer.ckpt.interval
     waited = 0.0  # time with nothing to do but wait for a newer policy, since the last batch
     idle_since = time.monotonic()
     t_step, busy_at_step = time.perf_counter(), pool.busy_seconds()
@@ -116,17 +109,17 @@ async def orchestrate(cfg: RLConfig) -> None:
         while step <= cfg.max_steps:
             await watcher.refresh()
             start_due_eval()
-            # Launch every group whose step may use the newest policy (version >= step-1-max_async_level).
+            # Launch every group whose step may use the newest policy (its lag within max_async_level).
             while (target := live // groups_per_step + 1) <= cfg.max_steps and (
-                watcher.version is not None and watcher.version >= target - 1 - ocfg.max_async_level
+                watcher.version is not None and policy_lag(target, watcher.version) <= ocfg.max_async_level
             ):
                 env, example = sampler.draw()
                 version, _ = watcher.acquire()
                 task = asyncio.create_task(play_group(env, example, ocfg.rollouts_per_example, version))
                 in_flight[task] = (target, version)
                 live += 1
-                if ckpt_interval is not None and target % ckpt_interval == 0 and live % groups_per_step == 0:
-                    sampler_states[target] = sampler.state_dict()
+                if live % groups_per_step == 0:
+                    checkpoints.step_drawn(target)
 
             # Groups too old for this batch are too old for every later one: stop those still running.
             stale = [task for task, (_, version) in in_flight.items() if assembler.is_stale(version, step)]
@@ -141,8 +134,7 @@ async def orchestrate(cfg: RLConfig) -> None:
             if (groups := assembler.take(step)) is not None:
                 rollouts = to_rollouts(groups, ocfg.advantage.std_normalize, ocfg.sampling.temperature)
                 RolloutBatch(step, rollouts).write(run.rollouts(step))
-                if step in sampler_states:
-                    save_orchestrator_checkpoint(run, step, sampler_states.pop(step))
+                checkpoints.save(step)
                 write_samples(run, step, groups, ocfg.num_samples_to_log)
                 now, busy = time.perf_counter(), pool.busy_seconds()
                 metrics.log(step, batch_metrics(groups, step) | {
@@ -194,73 +186,5 @@ async def orchestrate(cfg: RLConfig) -> None:
             eval_metrics.close()
 
 
-def save_orchestrator_checkpoint(run: RunFolder, step: int, sampler_state: dict[str, Any]) -> None:
-    """Beside the trainer's checkpoint of the same step: the examples drawn up to that batch."""
-    write_folder_atomically(
-        run.orchestrator_checkpoint(step), lambda d: (d / "state.json").write_text(json.dumps(sampler_state))
-    )
-
-
 def no_new_policy(run: RunFolder, timeout: float) -> TimeoutError:
     return TimeoutError(f"no new adapter in {run.broadcast(0).parent} after {timeout:.0f} s (is the trainer alive?)")
-
-
-def to_rollouts(groups: list[Group], std_normalize: bool, temperature: float) -> list[Rollout]:
-    rollouts = []
-    for group in groups:
-        advantages = group_advantages([score["reward"] for score in group.scores], std_normalize)
-        for played, score, advantage in zip(group.episodes, group.scores, advantages, strict=True):
-            rollouts += [
-                Rollout(
-                    prompt_ids=sample.prompt_ids,
-                    completion_ids=sample.completion_ids,
-                    completion_logprobs=sample.completion_logprobs,
-                    completion_mask=sample.completion_mask,
-                    advantage=advantage,
-                    reward=score["reward"],
-                    policy_version=group.version,
-                    temperature=temperature,
-                    env=group.env.name,
-                    metrics=score,
-                )
-                for sample in played.samples
-            ]
-    return rollouts
-
-
-def batch_metrics(groups: list[Group], step: int) -> dict[str, float]:
-    scores = [score for g in groups for score in g.scores]
-    lags = [step - 1 - g.version for g in groups]
-    episodes = [e for g in groups for e in g.episodes]
-    lengths = [e.model_tokens for e in episodes]
-    out = {
-        "reward/mean": statistics.fmean(s["reward"] for s in scores),
-        "reward/std": statistics.pstdev(s["reward"] for s in scores),
-        "reward_errors": sum(s["reward_errors"] for s in scores),
-        "completion_len/mean": statistics.fmean(lengths),
-        "completion_len/max": max(lengths),
-        "turns/mean": statistics.fmean(len(e.episode.turns) for e in episodes),
-        "truncated_frac": statistics.fmean(e.truncated for e in episodes),
-        "policy_version": min(g.version for g in groups),
-        "policy_lag/mean": statistics.fmean(lags),
-        "policy_lag/max": max(lags),
-    }
-    # Per environment: its share of the batch, and the mean of each of its reward functions.
-    for env_name in sorted({g.env.name for g in groups}):
-        env_scores = [score for g in groups if g.env.name == env_name for score in g.scores]
-        for key in env_scores[0]:
-            out[f"env/{env_name}/{key}"] = statistics.fmean(score[key] for score in env_scores)
-    return out
-
-
-def write_samples(run: RunFolder, step: int, groups: list[Group], num: int) -> None:
-    if num == 0:
-        return
-    path = run.samples(step)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    rows = (
-        {"env": g.env.name, "messages": e.episode.messages, "truncated": e.truncated, **score}
-        for g in groups for e, score in zip(g.episodes, g.scores, strict=True)
-    )  # fmt: skip
-    with open(path, "w") as f:
-        f.writelines(json.dumps(row) + "\n" for row in islice(rows, num))

@@ -1,0 +1,35 @@
+"""The metrics the orchestrator logs with each batch (component "orchestrator" in metrics.jsonl):
+what the batch's groups hold (rewards, lengths, policy lag, per environment)."""
+
+from __future__ import annotations
+
+import statistics
+
+from lorarl.orchestrator.groups import Group
+from lorarl.rollouts import policy_lag
+
+
+def batch_metrics(groups: list[Group], step: int) -> dict[str, float]:
+    """Rewards, lengths and policy lag of the batch for trainer step `step`."""
+    scores = [score for g in groups for score in g.scores]
+    lags = [policy_lag(step, g.version) for g in groups]
+    episodes = [e for g in groups for e in g.episodes]
+    lengths = [e.model_tokens for e in episodes]
+    out = {
+        "reward/mean": statistics.fmean(s["reward"] for s in scores),
+        "reward/std": statistics.pstdev(s["reward"] for s in scores),
+        "reward_errors": sum(s["reward_errors"] for s in scores),
+        "completion_len/mean": statistics.fmean(lengths),
+        "completion_len/max": max(lengths),
+        "turns/mean": statistics.fmean(len(e.episode.turns) for e in episodes),
+        "truncated_frac": statistics.fmean(e.truncated for e in episodes),
+        "policy_version": min(g.version for g in groups),
+        "policy_lag/mean": statistics.fmean(lags),
+        "policy_lag/max": max(lags),
+    }
+    # Per environment: its share of the batch, and the mean of each of its reward functions.
+    for env_name in sorted({g.env.name for g in groups}):
+        env_scores = [score for g in groups if g.env.name == env_name for score in g.scores]
+        for key in env_scores[0]:
+            out[f"env/{env_name}/{key}"] = statistics.fmean(score[key] for score in env_scores)
+    return out
