@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lorarl.orchestrator.batch_metrics import batch_metrics
+from lorarl.orchestrator.batch_metrics import StepCounters, batch_metrics
 from lorarl.orchestrator.checkpoint import SamplerCheckpoints
 from lorarl.orchestrator.envs import load_environment
 from lorarl.orchestrator.envs.base import Environment, Episode
@@ -52,6 +52,20 @@ def test_batch_metrics_lag_is_measured_against_the_step_trained() -> None:
     assert m["policy_lag/mean"] == 2.0 and m["policy_lag/max"] == 3  # policy_lag(5, v) = 4 - v
     assert m["reward/mean"] == 0.5 and m["completion_len/max"] == 20
     assert m["env/a/reward"] == 0.5 and m["env/b/reward"] == 0.5
+
+
+def test_step_counters_become_the_steps_metrics() -> None:
+    counters = StepCounters(started=10.0, busy_at_start=4.0, dropped_groups=2, waited_for_policy=1.5)
+    m = counters.metrics(14.0, 8.0, workers=2, rollouts_per_example=3, groups_in_flight=5, completion_tokens=100)
+    assert m == {
+        "dropped/groups": 2,
+        "dropped/rollouts": 6,
+        "time/wait_for_policy": 1.5,
+        "time/step": 4.0,
+        "inference/busy_frac": 0.5,  # 4 busy seconds out of 4 s on each of 2 workers
+        "inference/groups_in_flight": 5,
+        "tokens_per_s": 25.0,
+    }
 
 
 def test_samples_are_the_first_episodes_of_the_batch(tmp_path: Path) -> None:
