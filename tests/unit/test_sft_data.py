@@ -7,9 +7,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from lorarl.chat import tokenize_with_assistant_mask
 from lorarl.config.models import SFTDataConfig
 from lorarl.tiny_model import build_tokenizer
-from lorarl.trainer.chat import tokenize_with_assistant_mask
 from lorarl.trainer.sft_data import Conversation, DataError, DataOrder, load_sft_data, read_conversations, tokenize
 
 CHAT = [

@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 
 from transformers import PreTrainedTokenizerBase
 
+from lorarl.chat import encode_chat
 from lorarl.config.models import SamplingConfig
 from lorarl.inference.client import Completion
 from lorarl.inference.pool import WorkerPool
 from lorarl.orchestrator.envs.base import Environment, Episode, Example, Message
-from lorarl.trainer.chat import encode_chat
 
 
 @dataclass

@@ -1,26 +1,25 @@
-"""The orchestrator loop, top to bottom.
+"""The orchestrator loop: `Orchestrator.run`, and `orchestrate`, the `orchestrator` process.
 
 Rollouts are sampled in groups (`rollouts_per_example` episodes of one example). Each group is
-drawn for one trainer step N and launched as soon as the newest loaded policy may be used for
-it, i.e. its version v >= N-1-max_async_level: with 0 the orchestrator waits for the trainer
+drawn for one trainer step N and launched as soon as the newest loaded policy v may be used for
+it, i.e. policy_lag(N, v) <= max_async_level: with 0 the orchestrator waits for the trainer
 before each batch; with more it samples ahead while the trainer trains, keeping vLLM busy.
 Finished groups are assembled into batches (`BatchAssembler`: by default the groups drawn for N;
 with `max_off_policy_steps` the first to finish, dropping those grown too old); each batch's
 rewards become group-normalized advantages and it is written to rollouts/step_N for the trainer.
+
+The loop's state is the class's attributes; its helpers (rollout conversion, batch metrics,
+samples, checkpoint) live in modules of their own beside it and know nothing of the class.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import statistics
 import time
-from dataclasses import dataclass
-from itertools import islice
 from typing import Any
 
-from transformers import AutoTokenizer
+from transformers import PreTrainedTokenizerBase
 
 from lorarl.config.models import RLConfig
 from lorarl.inference.health import wait_until_healthy
@@ -28,237 +27,220 @@ from lorarl.inference.pool import WorkerPool
 from lorarl.inference.server import worker_urls
 from lorarl.monitor.metrics import MetricsLogger
 from lorarl.orchestrator.adapters import AdapterWatcher
-from lorarl.orchestrator.advantages import group_advantages
 from lorarl.orchestrator.batch_assembly import BatchAssembler
+from lorarl.orchestrator.batch_metrics import StepCounters, batch_metrics
+from lorarl.orchestrator.checkpoint import SamplerCheckpoints
 from lorarl.orchestrator.envs import load_environment
 from lorarl.orchestrator.envs.base import Environment, Example
-from lorarl.orchestrator.episodes import EpisodeRunner, PlayedEpisode
+from lorarl.orchestrator.episodes import EpisodeRunner
 from lorarl.orchestrator.evals import Evaluator
+from lorarl.orchestrator.groups import Group
+from lorarl.orchestrator.rollout_conversion import to_rollouts
 from lorarl.orchestrator.sampler import ExampleSampler
-from lorarl.rollouts import Rollout, RolloutBatch
+from lorarl.orchestrator.samples import write_samples
+from lorarl.rollouts import Rollout, RolloutBatch, policy_lag
 from lorarl.run_folder import RunFolder
 
 log = logging.getLogger("lorarl.orchestrator")
 
-
-@dataclass
-class Group:
-    """`rollouts_per_example` episodes of one example, played with one policy version."""
-
-    env: Environment
-    version: int
-    episodes: list[PlayedEpisode]
-    scores: list[dict[str, float]]
+POLL = 0.05  # seconds between looks at running groups and at broadcasts/
 
 
 async def orchestrate(cfg: RLConfig) -> None:
-    ocfg = cfg.orchestrator
-    run = RunFolder(cfg.run_dir).create()
-    metrics = MetricsLogger(run.metrics, "orchestrator", cfg.monitor, cfg.run_name)
-    tokenizer = AutoTokenizer.from_pretrained(cfg.model.name)
-    envs = [load_environment(e.id, e.args) for e in ocfg.env]
-    sampler = ExampleSampler(envs, [e.weight for e in ocfg.env], ocfg.seed)
-    groups_per_step = ocfg.batch_size // ocfg.rollouts_per_example
-    step = 1
-    if cfg.resume is not None:  # continue after the trainer's checkpoint, with the same examples
-        resumed = run.resume_step(cfg.resume.step)
-        sampler.load_state_dict(json.loads((run.orchestrator_checkpoint(resumed) / "state.json").read_text()))
-        step = resumed + 1
-        log.info("resuming at step %d", step)
+    """The `orchestrator` process: build the loop, wait for the inference workers, run it."""
+    # Imported here: transformers' AutoTokenizer module imports torch and its FSDP (through
+    # auto_docstring, the model auto classes and generation), which the loop itself never needs.
+    from transformers import AutoTokenizer
 
-    pool = WorkerPool(worker_urls(cfg), cfg.inference.api_key, unavailable_timeout=cfg.inference.unavailable_timeout)
-    runner = EpisodeRunner(pool, tokenizer, ocfg.sampling, cfg.seq_len)
-    log.info("waiting for %d inference worker(s): %s", len(pool.workers), [w.base_url for w in pool.workers])
-    await asyncio.to_thread(wait_until_healthy, worker_urls(cfg), cfg.inference.startup_timeout)
-    watcher = AdapterWatcher(pool, run, cfg.run_name, delete_unloaded=ocfg.delete_old_broadcasts)
+    urls = worker_urls(cfg)
+    pool = WorkerPool(urls, cfg.inference.api_key, unavailable_timeout=cfg.inference.unavailable_timeout)
+    orchestrator = Orchestrator(cfg, pool, AutoTokenizer.from_pretrained(cfg.model.name))
+    log.info("waiting for %d inference worker(s): %s", len(urls), urls)
+    await asyncio.to_thread(wait_until_healthy, urls, cfg.inference.startup_timeout)
+    await orchestrator.run()
 
-    async def play_group(env: Environment, example: Example, n: int, version: int) -> Group:
+
+class Orchestrator:
+    """Samples groups for the trainer's steps through `pool`, with the newest policy the launch bound
+    allows, and writes one batch per step; `run` is the loop, each stage a method."""
+
+    # Set by `run`: the clocks start when the loop does, not when it is built.
+    counters: StepCounters  # the current step's; a fresh one with each batch
+    idle_since: float  # time.monotonic() when a group last ran: the policy timeout counts from it
+
+    def __init__(self, cfg: RLConfig, pool: WorkerPool, tokenizer: PreTrainedTokenizerBase) -> None:
+        self.cfg, self.ocfg, self.pool = cfg, cfg.orchestrator, pool
+        self.run_folder = RunFolder(cfg.run_dir).create()
+        self.metrics = MetricsLogger(self.run_folder.metrics, "orchestrator", cfg.monitor, cfg.run_name)
+        envs = [load_environment(e.id, e.args) for e in self.ocfg.env]
+        self.sampler = ExampleSampler(envs, [e.weight for e in self.ocfg.env], self.ocfg.seed)
+        self.checkpoints = SamplerCheckpoints(self.run_folder, self.sampler, cfg.trainer.ckpt.interval)
+        self.step = 1  # the trainer step whose batch comes next
+        if cfg.resume is not None:  # continue after the trainer's checkpoint, with the same examples
+            self.step = self.run_folder.resume_step(cfg.resume.step) + 1
+            self.checkpoints.restore(self.step - 1)
+            log.info("resuming at step %d", self.step)
+        self.runner = EpisodeRunner(pool, tokenizer, self.ocfg.sampling, cfg.seq_len)
+        self.watcher = AdapterWatcher(
+            pool, self.run_folder, cfg.run_name, delete_unloaded=self.ocfg.delete_old_broadcasts
+        )
+        self.groups_per_step = self.ocfg.batch_size // self.ocfg.rollouts_per_example
+        self.assembler: BatchAssembler[Group] = BatchAssembler(self.groups_per_step, self.ocfg.max_off_policy_steps)
+        self.in_flight: dict[asyncio.Task[Group], tuple[int, int]] = {}  # -> (step it was drawn for, version)
+        # Groups launched and not dropped: the first groups_per_step are for step 1, and so on.
+        self.live_groups = (self.step - 1) * self.groups_per_step
+        evaluated_through = self.step - 1 if cfg.resume else -1  # a resumed run evaluated its versions so far
+        self.evaluator = Evaluator(self.ocfg.eval, envs, cfg.max_steps, evaluated_through) if self.ocfg.eval else None
+        self.eval_metrics = (
+            MetricsLogger(self.run_folder.metrics, "eval", cfg.monitor, cfg.run_name) if self.ocfg.eval else None
+        )
+        self.eval_tasks: set[asyncio.Task[None]] = set()
+
+    async def run(self) -> None:
+        """Write the batch of every step through `max_steps`, then serve the final policy."""
+        self.counters = StepCounters(time.perf_counter(), self.pool.busy_seconds(), self.pool.outages)
+        self.idle_since = time.monotonic()
+        try:
+            while self.step <= self.cfg.max_steps:
+                await self.refresh_policy()
+                self.launch_due_groups()
+                await self.drop_stale_groups()
+                if (groups := self.assembler.take(self.step)) is not None:
+                    self.write_batch(groups)
+                elif self.in_flight:
+                    await self.collect_finished_groups()
+                else:
+                    await self.wait_for_policy()
+            await self.serve_final_policy()
+            self.start_due_eval()
+            await asyncio.gather(*self.eval_tasks)
+        finally:
+            await self.close()
+
+    async def refresh_policy(self) -> None:
+        """Load the newest broadcast adapter, and start its eval if it is due one."""
+        await self.watcher.refresh()
+        self.start_due_eval()
+
+    def launch_due_groups(self) -> None:
+        """Launch every group whose step may use the newest policy (its lag within max_async_level)."""
+        while (step := self.live_groups // self.groups_per_step + 1) <= self.cfg.max_steps and self.may_sample(step):
+            env, example = self.sampler.draw()
+            version, _ = self.watcher.acquire()
+            task = asyncio.create_task(self.play_group(env, example, self.ocfg.rollouts_per_example, version))
+            self.in_flight[task] = (step, version)
+            self.live_groups += 1
+            if self.live_groups % self.groups_per_step == 0:
+                self.checkpoints.step_drawn(step)
+
+    def may_sample(self, step: int) -> bool:
+        """Whether the newest loaded policy is recent enough for a group of `step`."""
+        version = self.watcher.version
+        return version is not None and policy_lag(step, version) <= self.ocfg.max_async_level
+
+    async def play_group(self, env: Environment, example: Example, n: int, version: int) -> Group:
         """Played with `version`, which the caller holds (`watcher.acquire`) until this ends."""
-        episodes = await runner.play(watcher.adapter_name(version), env, example, n)
+        episodes = await self.runner.play(self.watcher.adapter_name(version), env, example, n)
         scores = list(await asyncio.gather(*(env.score(e.episode) for e in episodes)))
         return Group(env, version, episodes, scores)
 
-    evaluated_before = step - 1 if cfg.resume else -1  # a resumed run evaluated its versions so far
-    evaluator = Evaluator(ocfg.eval, envs, cfg.max_steps, evaluated_before) if ocfg.eval else None
-    eval_metrics = MetricsLogger(run.metrics, "eval", cfg.monitor, cfg.run_name) if ocfg.eval else None
-    eval_tasks: set[asyncio.Task[None]] = set()
+    async def drop_stale_groups(self) -> None:
+        """Groups too old for this step's batch are too old for every later one: stop those still
+        running, forget those finished; fresh groups are drawn in their place."""
+        stale = [task for task, (_, version) in self.in_flight.items() if self.assembler.is_stale(version, self.step)]
+        for task in stale:
+            task.cancel()
+        await asyncio.gather(*stale, return_exceptions=True)
+        for task in stale:
+            await self.watcher.release(self.in_flight.pop(task)[1])
+        dropped = len(stale) + self.assembler.drop_stale(self.step)
+        self.live_groups -= dropped
+        self.counters.dropped_groups += dropped
 
-    async def evaluate(version: int) -> None:
-        assert evaluator is not None and eval_metrics is not None
+    def write_batch(self, groups: list[Group]) -> None:
+        """Hand the trainer this step's batch (with its checkpoint, samples and metrics); next step."""
+        rollouts = to_rollouts(groups, self.ocfg.advantage.std_normalize, self.ocfg.sampling.temperature)
+        # The checkpoint half first: the trainer writes its half only after this batch, so a
+        # checkpoint with a trainer half always has this one too.
+        self.checkpoints.save(self.step)
+        RolloutBatch(self.step, rollouts).write(self.run_folder.rollouts(self.step))
+        write_samples(self.run_folder, self.step, groups, self.ocfg.num_samples_to_log)
+        self.end_step(groups, rollouts)
+
+    def end_step(self, groups: list[Group], rollouts: list[Rollout]) -> None:
+        """Log the batch's metrics and the step's counters; the next step starts at the same instant."""
+        now, busy = time.perf_counter(), self.pool.busy_seconds()
+        step_metrics = self.counters.metrics(
+            now, busy, workers=len(self.pool.workers),
+            rollouts_per_example=self.ocfg.rollouts_per_example, groups_in_flight=len(self.in_flight),
+            completion_tokens=sum(len(r.completion_ids) for r in rollouts), outages=self.pool.outages,
+        )  # fmt: skip
+        self.metrics.log(self.step, batch_metrics(groups, self.step) | step_metrics)
+        versions = sorted({g.version for g in groups})
+        log.info("step %d: %d rollouts written (policy versions %s, %d groups dropped as too old)",
+                 self.step, len(rollouts), versions, self.counters.dropped_groups)  # fmt: skip
+        self.step, self.counters = self.step + 1, StepCounters(now, busy, self.pool.outages)
+
+    async def collect_finished_groups(self) -> None:
+        """Wait a moment for running groups; hand those that finished to the batch assembler."""
+        done, _ = await asyncio.wait(self.in_flight, timeout=POLL, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            drawn_for, version = self.in_flight.pop(task)
+            await self.watcher.release(version)
+            self.assembler.add(drawn_for, task.result())
+        self.idle_since = time.monotonic()
+
+    async def wait_for_policy(self) -> None:
+        """Everything launched has finished: only a newer policy lets sampling go on."""
+        if time.monotonic() - self.idle_since > self.ocfg.policy_timeout:
+            raise self.no_new_policy()
+        t0 = time.perf_counter()
+        await asyncio.sleep(POLL)
+        self.counters.waited_for_policy += time.perf_counter() - t0
+
+    async def serve_final_policy(self) -> None:
+        """Load the final policy too: it stays loaded, so a server kept running (inference.urls)
+        answers `<run_name>-step<max_steps>` for evals and chat after the run."""
+        deadline = time.monotonic() + self.ocfg.policy_timeout
+        while self.watcher.version != self.cfg.max_steps:
+            if time.monotonic() > deadline:
+                raise self.no_new_policy()
+            await asyncio.sleep(POLL)
+            await self.watcher.refresh()
+
+    def no_new_policy(self) -> TimeoutError:
+        """The error for a trainer that stopped publishing adapters."""
+        broadcasts = self.run_folder.broadcast(0).parent
+        return TimeoutError(
+            f"no new adapter in {broadcasts} after {self.ocfg.policy_timeout:.0f} s (is the trainer alive?)"
+        )
+
+    def start_due_eval(self) -> None:
+        """Evaluate the newest policy in the background if it is due (evals.Evaluator.claim)."""
+        evaluator, metrics, version = self.evaluator, self.eval_metrics, self.watcher.version
+        if evaluator is not None and metrics is not None and version is not None and evaluator.claim(version):
+            self.watcher.acquire()  # the whole eval plays this version, even once a newer one loads
+            self.eval_tasks.add(asyncio.create_task(self.evaluate(evaluator, metrics, version)))
+
+    async def evaluate(self, evaluator: Evaluator, metrics: MetricsLogger, version: int) -> None:
+        """Runs with `version` held (`start_due_eval`), and releases it."""
 
         async def rewards(env: Environment, example: Example, n: int) -> list[float]:
-            return [score["reward"] for score in (await play_group(env, example, n, version)).scores]
+            return [score["reward"] for score in (await self.play_group(env, example, n, version)).scores]
 
         try:
             results = await evaluator.run(version, rewards)
         finally:
-            await watcher.release(version)
-        eval_metrics.log(version, results)
+            await self.watcher.release(version)
+        metrics.log(version, results)
         log.info("eval of policy %d: %s", version, ", ".join(f"{k} {v:.3f}" for k, v in results.items()))
 
-    def start_due_eval() -> None:
-        if evaluator is not None and watcher.version is not None and evaluator.claim(watcher.version):
-            version, _ = watcher.acquire()  # the whole eval plays this version, even once a newer one loads
-            eval_tasks.add(asyncio.create_task(evaluate(version)))
-
-    in_flight: dict[asyncio.Task[Group], tuple[int, int]] = {}  # task -> (step it was drawn for, version)
-    assembler: BatchAssembler[Group] = BatchAssembler(groups_per_step, ocfg.max_off_policy_steps)
-    # Groups launched and not dropped: the first groups_per_step are for step 1, and so on.
-    live = (step - 1) * groups_per_step
-    dropped = 0  # groups dropped as too old since the last batch
-    # The sampler's state once the last group of a step was drawn: a checkpoint of that step saves it.
-    sampler_states: dict[int, dict[str, Any]] = {}
-    ckpt_interval = cfg.trainer.ckpt.interval
-    waited = 0.0  # time with nothing to do but wait for a newer policy, since the last batch
-    idle_since = time.monotonic()
-    t_step, busy_at_step = time.perf_counter(), pool.busy_seconds()
-    try:
-        while step <= cfg.max_steps:
-            await watcher.refresh()
-            start_due_eval()
-            # Launch every group whose step may use the newest policy (version >= step-1-max_async_level).
-            while (target := live // groups_per_step + 1) <= cfg.max_steps and (
-                watcher.version is not None and watcher.version >= target - 1 - ocfg.max_async_level
-            ):
-                env, example = sampler.draw()
-                version, _ = watcher.acquire()
-                task = asyncio.create_task(play_group(env, example, ocfg.rollouts_per_example, version))
-                in_flight[task] = (target, version)
-                live += 1
-                if ckpt_interval is not None and target % ckpt_interval == 0 and live % groups_per_step == 0:
-                    sampler_states[target] = sampler.state_dict()
-
-            # Groups too old for this batch are too old for every later one: stop those still running.
-            stale = [task for task, (_, version) in in_flight.items() if assembler.is_stale(version, step)]
-            for task in stale:
-                task.cancel()
-            await asyncio.gather(*stale, return_exceptions=True)
-            for task in stale:
-                await watcher.release(in_flight.pop(task)[1])
-            newly_dropped = len(stale) + assembler.drop_stale(step)
-            live, dropped = live - newly_dropped, dropped + newly_dropped
-
-            if (groups := assembler.take(step)) is not None:
-                rollouts = to_rollouts(groups, ocfg.advantage.std_normalize, ocfg.sampling.temperature)
-                RolloutBatch(step, rollouts).write(run.rollouts(step))
-                if step in sampler_states:
-                    save_orchestrator_checkpoint(run, step, sampler_states.pop(step))
-                write_samples(run, step, groups, ocfg.num_samples_to_log)
-                now, busy = time.perf_counter(), pool.busy_seconds()
-                metrics.log(step, batch_metrics(groups, step) | {
-                    "dropped/groups": dropped,
-                    "dropped/rollouts": dropped * ocfg.rollouts_per_example,
-                    "time/wait_for_policy": waited,
-                    "time/step": now - t_step,
-                    "inference/busy_frac": (busy - busy_at_step) / max(1e-9, (now - t_step) * len(pool.workers)),
-                    "inference/groups_in_flight": len(in_flight),
-                    "tokens_per_s": sum(len(r.completion_ids) for r in rollouts) / max(1e-9, now - t_step),
-                })  # fmt: skip
-                versions = sorted({g.version for g in groups})
-                log.info("step %d: %d rollouts written (policy versions %s, %d groups dropped as too old)",
-                         step, len(rollouts), versions, dropped)  # fmt: skip
-                step, dropped, waited, t_step, busy_at_step = step + 1, 0, 0.0, now, busy
-                continue
-
-            if in_flight:
-                done, _ = await asyncio.wait(in_flight, timeout=0.05, return_when=asyncio.FIRST_COMPLETED)
-                for task in done:
-                    drawn_for, version = in_flight.pop(task)
-                    await watcher.release(version)
-                    assembler.add(drawn_for, task.result())
-                idle_since = time.monotonic()
-            else:
-                # Everything launched has finished: only a newer policy lets sampling go on.
-                if time.monotonic() - idle_since > ocfg.policy_timeout:
-                    raise no_new_policy(run, ocfg.policy_timeout)
-                t0 = time.perf_counter()
-                await asyncio.sleep(0.05)
-                waited += time.perf_counter() - t0
-        # Serve the final policy too: it stays loaded, so a server kept running (inference.urls)
-        # answers `<run_name>-step<max_steps>` for evals and chat after the run.
-        deadline = time.monotonic() + ocfg.policy_timeout
-        while watcher.version != cfg.max_steps:
-            if time.monotonic() > deadline:
-                raise no_new_policy(run, ocfg.policy_timeout)
-            await asyncio.sleep(0.05)
-            await watcher.refresh()
-        start_due_eval()
-        await asyncio.gather(*eval_tasks)
-    finally:
-        pending: list[asyncio.Task[Any]] = [*in_flight, *eval_tasks]
+    async def close(self) -> None:
+        """Stop what still runs (after an error, or groups sampled beyond the last step) and close."""
+        pending: list[asyncio.Task[Any]] = [*self.in_flight, *self.eval_tasks]
         for task in pending:
             task.cancel()
-        await pool.close()
-        metrics.close()
-        if eval_metrics is not None:
-            eval_metrics.close()
-
-
-def save_orchestrator_checkpoint(run: RunFolder, step: int, sampler_state: dict[str, Any]) -> None:
-    """Beside the trainer's checkpoint of the same step: the examples drawn up to that batch."""
-    run.write_checkpoint_half(step, "orchestrator", lambda d: (d / "state.json").write_text(json.dumps(sampler_state)))
-
-
-def no_new_policy(run: RunFolder, timeout: float) -> TimeoutError:
-    return TimeoutError(f"no new adapter in {run.broadcast(0).parent} after {timeout:.0f} s (is the trainer alive?)")
-
-
-def to_rollouts(groups: list[Group], std_normalize: bool, temperature: float) -> list[Rollout]:
-    rollouts = []
-    for group in groups:
-        advantages = group_advantages([score["reward"] for score in group.scores], std_normalize)
-        for played, score, advantage in zip(group.episodes, group.scores, advantages, strict=True):
-            rollouts += [
-                Rollout(
-                    prompt_ids=sample.prompt_ids,
-                    completion_ids=sample.completion_ids,
-                    completion_logprobs=sample.completion_logprobs,
-                    completion_mask=sample.completion_mask,
-                    advantage=advantage,
-                    reward=score["reward"],
-                    policy_version=group.version,
-                    temperature=temperature,
-                    env=group.env.name,
-                    metrics=score,
-                )
-                for sample in played.samples
-            ]
-    return rollouts
-
-
-def batch_metrics(groups: list[Group], step: int) -> dict[str, float]:
-    scores = [score for g in groups for score in g.scores]
-    lags = [step - 1 - g.version for g in groups]
-    episodes = [e for g in groups for e in g.episodes]
-    lengths = [e.model_tokens for e in episodes]
-    out = {
-        "reward/mean": statistics.fmean(s["reward"] for s in scores),
-        "reward/std": statistics.pstdev(s["reward"] for s in scores),
-        "reward_errors": sum(s["reward_errors"] for s in scores),
-        "completion_len/mean": statistics.fmean(lengths),
-        "completion_len/max": max(lengths),
-        "turns/mean": statistics.fmean(len(e.episode.turns) for e in episodes),
-        "truncated_frac": statistics.fmean(e.truncated for e in episodes),
-        "policy_version": min(g.version for g in groups),
-        "policy_lag/mean": statistics.fmean(lags),
-        "policy_lag/max": max(lags),
-    }
-    # Per environment: its share of the batch, and the mean of each of its reward functions.
-    for env_name in sorted({g.env.name for g in groups}):
-        env_scores = [score for g in groups if g.env.name == env_name for score in g.scores]
-        for key in env_scores[0]:
-            out[f"env/{env_name}/{key}"] = statistics.fmean(score[key] for score in env_scores)
-    return out
-
-
-def write_samples(run: RunFolder, step: int, groups: list[Group], num: int) -> None:
-    if num == 0:
-        return
-    path = run.samples(step)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    rows = (
-        {"env": g.env.name, "messages": e.episode.messages, "truncated": e.truncated, **score}
-        for g in groups for e, score in zip(g.episodes, g.scores, strict=True)
-    )  # fmt: skip
-    with open(path, "w") as f:
-        f.writelines(json.dumps(row) + "\n" for row in islice(rows, num))
+        await self.pool.close()
+        self.metrics.close()
+        if self.eval_metrics is not None:
+            self.eval_metrics.close()

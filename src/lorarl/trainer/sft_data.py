@@ -20,9 +20,9 @@ from typing import Any, Literal, NamedTuple
 
 from transformers import PreTrainedTokenizerBase
 
+from lorarl.chat import LossOn, Message, tokenize_with_assistant_mask
 from lorarl.config.models import SFTDataConfig
 from lorarl.trainer.batching import TrainSample
-from lorarl.trainer.chat import LossOn, Message, tokenize_with_assistant_mask
 
 log = logging.getLogger("lorarl.sft")
 

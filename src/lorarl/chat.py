@@ -1,4 +1,8 @@
-"""Tokenize chat conversations with a mask of the tokens that carry loss."""
+"""Tokenize chat conversations, optionally with a mask of the tokens that carry loss.
+
+Shared by the orchestrator (episode prompts) and SFT data (loss masks), so it sits outside both:
+the orchestrator imports nothing from the trainer.
+"""
 
 from __future__ import annotations
 

@@ -1,0 +1,23 @@
+"""`Group`: the unit the orchestrator samples, batches and trains on.
+
+It has a module of its own because the loop and its components (rollout conversion, batch
+metrics, samples) all use it, and the components never import the loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lorarl.orchestrator.envs.base import Environment
+from lorarl.orchestrator.episodes import PlayedEpisode
+
+
+@dataclass
+class Group:
+    """`rollouts_per_example` episodes of one example, played with one policy version, and their
+    scores (one dict of reward functions per episode, "reward" among them)."""
+
+    env: Environment
+    version: int
+    episodes: list[PlayedEpisode]
+    scores: list[dict[str, float]]
