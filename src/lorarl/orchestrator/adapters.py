@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import shutil
 from collections import Counter
+from pathlib import Path
 
 from lorarl.inference.pool import WorkerPool
 from lorarl.run_folder import RunFolder
@@ -31,6 +32,24 @@ class AdapterWatcher:
 
     def adapter_name(self, version: int) -> str:
         return f"{self.run_name}-step{version}"
+
+    async def remove_leftovers(self) -> None:
+        """Unload the adapters of this run name that the workers still serve (from a run of the same
+        name that ended, or this run before a resume), so that they hold no adapter slots. Those of
+        a run of the same name that is still going, in another folder, are its own: refuse to start."""
+        for worker in self.pool.workers:
+            for model in await worker.models():
+                name, root = model["id"], model.get("root")
+                if not (model.get("parent") and name.startswith(f"{self.run_name}-step") and root):
+                    continue
+                owner = RunFolder(Path(root).parent.parent)  # broadcasts/step_N -> its run folder
+                if owner.root.resolve() != self.run.root.resolve() and owner.is_alive():
+                    raise RuntimeError(
+                        f"{worker.base_url} serves {name} for the run in {owner.root}, which is still going: "
+                        "give this run another run_name"
+                    )
+                log.info("unloading %s, left on %s by an earlier run of this name", name, worker.base_url)
+                await worker.unload_adapter(name)
 
     async def refresh(self) -> bool:
         """Load the newest complete broadcast if it is newer than the current one."""

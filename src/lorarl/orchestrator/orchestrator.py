@@ -57,6 +57,7 @@ async def orchestrate(cfg: RLConfig) -> None:
     orchestrator = Orchestrator(cfg, pool, AutoTokenizer.from_pretrained(cfg.model.name))
     log.info("waiting for %d inference worker(s): %s", len(urls), urls)
     await asyncio.to_thread(wait_until_healthy, urls, cfg.inference.startup_timeout)
+    await orchestrator.watcher.remove_leftovers()
     await orchestrator.run()
 
 
