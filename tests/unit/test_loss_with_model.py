@@ -20,7 +20,8 @@ from lorarl.trainer.batching import TrainSample, micro_batches
 from lorarl.trainer.loss import LossNorm, micro_batch_loss, policy_loss, token_logprobs
 from lorarl.trainer.model import apply_lora, enable_gradient_checkpointing
 from lorarl.trainer.packing import PackedBatch
-from lorarl.trainer.rl import forward_backward, forward_passes, train
+from lorarl.trainer.rl import policy_gradient_loss, train
+from lorarl.trainer.skeleton import forward_backward_step, forward_passes
 
 TEMPERATURE = 0.8
 
@@ -165,8 +166,8 @@ def step_loss_stats_and_grads(
     """The RL trainer's forward/backward of one step."""
     model.zero_grad(set_to_none=True)
     loss_tokens = sum(sum(s.loss_mask) for s in samples)
-    norm = LossNorm.for_step(cfg.trainer.loss, samples)
-    shares = forward_backward(model, samples, cfg, norm, loss_tokens, pad_id=0, device=torch.device("cpu"))
+    pass_loss = policy_gradient_loss(model, samples, cfg.trainer.loss, loss_tokens)
+    shares = forward_backward_step(model, samples, pass_loss, forward_passes(cfg, pad_id=0))
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     return shares, grads
 

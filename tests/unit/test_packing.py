@@ -12,7 +12,6 @@ from lorarl.trainer.packing import (
     least_padded_rows,
     pack_rows,
     packed_micro_batches,
-    packed_token_logprobs,
 )
 
 
@@ -100,7 +99,7 @@ def loss_and_grads(
     model.zero_grad()
     total = 0.0
     for mb in batches:
-        logprobs = packed_token_logprobs(model, mb) if isinstance(mb, PackedBatch) else token_logprobs(model, mb)
+        logprobs = token_logprobs(model, mb)
         loss = rl_style_loss(logprobs, mb) / loss_tokens  # per-token mean over the step, as the trainers do
         loss.backward()
         total += loss.item()

@@ -4,7 +4,8 @@ Every rank reads the whole batch, so the loss denominators are global and summin
 gradients gives exactly the single-process gradient; the adapter stays identical on every rank
 and rank 0 alone writes broadcasts, checkpoints and metrics. With `fsdp` the ranks also shard the
 model's weights (fsdp.py): every forward pass and every save then gathers from all ranks, so the
-loops save on every rank (rank 0 writes) and even out their passes with `same_passes`.
+loops save on every rank (rank 0 writes) and every rank makes as many passes as the others
+(`same_passes`, which skeleton.py runs for both loops).
 """
 
 from __future__ import annotations

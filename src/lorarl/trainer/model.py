@@ -87,8 +87,14 @@ def enable_gradient_checkpointing(model: peft.PeftModel) -> None:
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
+def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The adapter's weights (and any modules_to_save), or every weight of a model trained whole. With
+    FSDP these are new objects after sharding (`DataParallel.place`): ask again then."""
+    return [p for p in model.parameters() if p.requires_grad]
+
+
 def parameter_summary(model: torch.nn.Module) -> dict[str, float]:
-    trainable = [p for p in model.parameters() if p.requires_grad]
+    trainable = trainable_parameters(model)
     return {
         "params/trainable": sum(p.numel() for p in trainable),
         "params/total": sum(p.numel() for p in model.parameters()),

@@ -7,10 +7,11 @@ import math
 import torch
 
 from lorarl.config.models import OptimConfig, SchedulerConfig
+from lorarl.trainer.model import trainable_parameters
 
 
 def build_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
-    params = [p for p in model.parameters() if p.requires_grad]
+    params = trainable_parameters(model)
     if not params:
         raise ValueError("the model has no trainable parameters")
     return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)

@@ -28,7 +28,6 @@ import torch
 from transformers import PreTrainedModel
 
 from lorarl.trainer.batching import MicroBatch, TrainSample, by_temperature, micro_batches
-from lorarl.trainer.loss import token_logprobs
 
 # Attention implementations that take a custom 4D mask: a boolean one (True = attend) for sdpa,
 # an additive float one for eager.
@@ -222,8 +221,3 @@ def collate_packed(rows: Sequence[Sequence[TrainSample]], pad_id: int, temperatu
         temperature=temperature,
         num_samples=first,
     )
-
-
-def packed_token_logprobs(model: torch.nn.Module, batch: PackedBatch) -> torch.Tensor:
-    """log p(input_ids[:, t+1] | the sample's tokens up to t) at the batch's temperature: [R, L-1]."""
-    return token_logprobs(model, batch)

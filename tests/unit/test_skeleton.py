@@ -1,0 +1,77 @@
+"""The trainer skeleton's contract (skeleton.py): a step's gradient and stats do not depend on how
+its samples are split into forward passes, and data-parallel ranks share a step's samples out
+without overlap or loss."""
+
+import random
+
+import pytest
+import torch
+
+from lorarl.config.models import LoraConfig
+from lorarl.tiny_model import build_model, build_tokenizer
+from lorarl.trainer.batching import TrainSample
+from lorarl.trainer.distributed import DataParallel
+from lorarl.trainer.model import apply_lora
+from lorarl.trainer.packing import ForwardPasses
+from lorarl.trainer.sft import mean_nll
+from lorarl.trainer.skeleton import forward_backward_step, rank_passes
+
+
+def varied_samples() -> list[TrainSample]:
+    rng = random.Random(0)
+    lengths = [5, 9, 12, 7, 16, 3, 11]
+    return [
+        TrainSample(
+            [rng.randrange(3, 250) for _ in range(n)], [False, False] + [rng.random() < 0.7 for _ in range(n - 2)]
+        )
+        for n in lengths
+    ]
+
+
+def step_loss_and_grads(passes: ForwardPasses) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
+    tok = build_tokenizer()
+    torch.manual_seed(0)
+    model = apply_lora(build_model(len(tok), tok.eos_token_id, tok.pad_token_id, hidden_size=64, num_layers=2),
+                       LoraConfig(rank=4))  # fmt: skip
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(std=0.1)  # a fresh adapter (B = 0) would give lora_A no gradient
+    samples = varied_samples()
+    totals = forward_backward_step(model, samples, mean_nll(model, samples), passes)
+    return totals, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize(
+    "passes",
+    [
+        ForwardPasses(packing=False, seq_len=32, micro_batch_size=2, pad_id=0),
+        ForwardPasses(packing=False, seq_len=32, micro_batch_size=1, pad_id=0),
+        ForwardPasses(packing=True, seq_len=20, micro_batch_size=1, pad_id=0),
+    ],
+    ids=["padded-by-2", "padded-by-1", "packed"],
+)
+def test_a_step_has_the_same_loss_and_gradient_in_one_forward_pass_or_several(passes: ForwardPasses) -> None:
+    whole, whole_grads = step_loss_and_grads(ForwardPasses(packing=False, seq_len=32, micro_batch_size=7, pad_id=0))
+    split, split_grads = step_loss_and_grads(passes)
+    assert split["loss"] == pytest.approx(whole["loss"], rel=1e-5)
+    # The loop's stats add up over passes: one pass pads every sample to the longest.
+    assert whole["padded_tokens"] == 7 * 16
+    assert split["padded_tokens"] < whole["padded_tokens"]
+    assert split_grads.keys() == whole_grads.keys() and len(whole_grads) == 2 * 2 * 7
+    for name, grad in whole_grads.items():
+        assert grad.abs().sum() > 0, name
+        torch.testing.assert_close(split_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_ranks_take_every_sample_of_a_step_once() -> None:
+    samples = [TrainSample([i] * (i + 2), [False] * (i + 2)) for i in range(7)]  # each marked by its token
+    passes = ForwardPasses(packing=False, seq_len=32, micro_batch_size=2, pad_id=0)
+    device_of = torch.nn.Linear(1, 1)  # rank_passes asks a model for the device only
+    seen = []
+    for rank in (0, 1):
+        batches = list(rank_passes(device_of, samples, passes, DataParallel(rank, world_size=2), split_at_most=3))
+        # Rank 0's share, 4 samples, is split 3 then 1, in passes of at most 2; rank 1's 3 at once.
+        assert [b.input_ids.shape[0] for b in batches] == ([2, 1, 1] if rank == 0 else [2, 1])
+        seen += [int(row[0]) for b in batches for row in b.input_ids]
+    assert sorted(seen) == list(range(7))
