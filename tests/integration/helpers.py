@@ -21,7 +21,7 @@ def rl_config(tiny_model: Path, out: Path, run_name: str, **overrides: Any) -> d
         "output_dir": str(out),
         "run_name": run_name,
         "model": {"name": str(tiny_model), "lora": {"rank": 8, "alpha": 16}},
-        "trainer": {"optim": {"lr": 1e-3}},
+        "trainer": {"optim": {"lr": 1e-3}, "keep_rollouts": True},  # tests read the batches
         "orchestrator": {
             "batch_size": 16,
             "rollouts_per_example": 4,

@@ -141,8 +141,10 @@ def failing_proxy(vllm_server: str) -> Iterator[FailingProxy]:
 
 def test_a_server_answering_500_is_routed_around(tiny_model: Path, failing_proxy: FailingProxy, tmp_path: Path) -> None:
     cfg = rl_config(tiny_model, tmp_path, "flaky", max_steps=3, **{"inference.urls": [failing_proxy.url]})
+    cfg["trainer"]["keep_rollouts"] = False  # the default: each batch goes once trained on
     result = run_rl(write_config(cfg, tmp_path / "rl.json"))
     assert result.returncode == 0, result.stderr[-3000:]
+    assert not list((tmp_path / "flaky" / "rollouts").iterdir())
     assert failing_proxy.injected >= 2
     assert steps_logged(tmp_path / "flaky", "trainer") == [1, 2, 3]
     log = (tmp_path / "flaky" / "logs" / "orchestrator.log").read_text()

@@ -2,19 +2,22 @@
 its samples are split into forward passes, and data-parallel ranks share a step's samples out
 without overlap or loss."""
 
+import math
 import random
+from pathlib import Path
 
 import pytest
 import torch
 
 from lorarl.config.models import LoraConfig
+from lorarl.run_folder import RunFolder
 from lorarl.tiny_model import build_model, build_tokenizer
 from lorarl.trainer.batching import TrainSample
 from lorarl.trainer.distributed import DataParallel
-from lorarl.trainer.model import apply_lora
+from lorarl.trainer.model import apply_lora, trainable_parameters
 from lorarl.trainer.packing import ForwardPasses
 from lorarl.trainer.sft import mean_nll
-from lorarl.trainer.skeleton import forward_backward_step, rank_passes
+from lorarl.trainer.skeleton import Trainer, forward_backward_step, rank_passes
 
 
 def varied_samples() -> list[TrainSample]:
@@ -75,3 +78,31 @@ def test_ranks_take_every_sample_of_a_step_once() -> None:
         assert [b.input_ids.shape[0] for b in batches] == ([2, 1, 1] if rank == 0 else [2, 1])
         seen += [int(row[0]) for b in batches for row in b.input_ids]
     assert sorted(seen) == list(range(7))
+
+
+def test_a_non_finite_gradient_changes_no_weight_and_too_many_in_a_row_stop_the_run(tmp_path: Path) -> None:
+    tok = build_tokenizer()
+    model = apply_lora(build_model(len(tok), tok.eos_token_id, tok.pad_token_id, hidden_size=64, num_layers=2),
+                       LoraConfig(rank=4))  # fmt: skip
+    params = list(trainable_parameters(model))
+    optimizer = torch.optim.AdamW(params, lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    trainer = Trainer(RunFolder(tmp_path), DataParallel(), model, optimizer, scheduler,
+                      ForwardPasses(True, 64, 2, 0), 1.0, None, max_skipped_steps=2)  # fmt: skip
+
+    def step_with(bad: float | None) -> float:
+        for p in params:
+            p.grad = torch.full_like(p, 0.01)
+        if bad is not None:
+            params[0].grad[0, 0] = bad  # type: ignore[index]
+        return trainer.optimizer_step()[0]
+
+    before = [p.detach().clone() for p in params]
+    assert math.isnan(step_with(float("nan")))
+    assert all(torch.equal(a, b) for a, b in zip(before, params, strict=True)) and trainer.skipped_steps == 1
+    step_with(None)  # a finite step updates, and ends the run of skipped steps
+    assert not torch.equal(before[0], params[0]) and trainer.skipped_in_a_row == 0
+    step_with(float("inf"))
+    with pytest.raises(FloatingPointError, match="2 steps in a row with a non-finite loss or gradient"):
+        step_with(float("nan"))
+    assert trainer.skipped_steps == 3 and all(torch.isfinite(p).all() for p in params)

@@ -143,6 +143,9 @@ class OptimConfig(Section):
     max_norm: float = Field(1.0, gt=0)
     """Gradient clipping: the gradient is scaled down to this global L2 norm where it is larger (the
     logged grad_norm is the norm before clipping)."""
+    max_skipped_steps: int = Field(3, ge=1)
+    """A step whose loss or gradient is NaN or infinite changes no weight (skipped, counted in
+    `skipped_steps`); this many such steps in a row stop the run, so no NaN adapter is ever written."""
 
 
 class SchedulerConfig(Section):
@@ -188,8 +191,9 @@ class CheckpointConfig(Section):
     """Write checkpoints/step_N/ every N steps: trainer/ (the adapter, or all weights in full fine-tuning;
     optimizer, scheduler, RNG states, step and in `sft` the data position) and in `rl` orchestrator/ (its
     position in every environment's example stream). None: no checkpoints."""
-    keep_last: int | None = Field(None, ge=1)
-    """Keep only the newest N checkpoints, deleting older ones as new ones are written; None: keep all."""
+    keep_last: int | None = Field(3, ge=1)
+    """Keep only the newest N checkpoints, deleting older ones as new ones are written, so that a long
+    run does not fill the disk; None: keep all."""
 
 
 class ResumeConfig(Section):
@@ -231,6 +235,9 @@ class TrainerConfig(Section):
     sample that overran seq_len gets a row of its own). False: one sample per padded row."""
     batch_timeout: float = Field(1800.0, gt=0)
     """Seconds the trainer waits for the next rollout batch before giving up (the orchestrator may have died)."""
+    keep_rollouts: bool = False
+    """Keep rollouts/step_N after the trainer has trained on it (to inspect every batch later);
+    false: delete it then (a resumed run samples its batches again; samples/ keeps a few decoded)."""
     gradient_checkpointing: bool = False
     """Recompute each layer's activations in the backward pass: far less activation memory, for one more
     forward pass per micro-batch. False: keep them."""

@@ -12,6 +12,7 @@ that SFT shares (skeleton.py); this loop adds the rollouts, the policy loss and 
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -84,6 +85,7 @@ def train(cfg: RLConfig) -> None:
                 **step_stats,
                 "policy_lag/mean": sum(lags) / len(lags),
                 "policy_lag/max": max(lags),
+                "skipped_steps": trainer.skipped_steps,
                 "tokens": loss_tokens,
                 "tokens_per_s": loss_tokens / max(1e-9, t_end - t_batch),
                 "memory/peak_gib": peak_memory_gib(device),
@@ -95,6 +97,8 @@ def train(cfg: RLConfig) -> None:
                 "time/step": t_end - t0,
             },
         )
+        if dp.is_main and not cfg.trainer.keep_rollouts:
+            shutil.rmtree(run.rollouts(step))  # trained on: only a resume would need it, and it samples anew
         log.info(
             "step %d: loss %.4f, grad norm %.3f, |logp diff| %.2e, waited %.1f s for the batch",
             step, loss, grad_norm, step_stats.get("mismatch/logprob_abs_diff", 0.0), t_batch - t0,

@@ -71,7 +71,7 @@ def train(cfg: SFTConfig) -> Path:
             if step % cfg.log_interval == 0 or step == cfg.max_steps:
                 row |= {"loss": totals["loss"], "grad_norm": grad_norm, "lr": lr, "tokens_per_s": tokens_per_s,
                         "padding_frac": 1 - tokens / totals["padded_tokens"], "epoch": order.epoch,
-                        "time/step": elapsed}  # fmt: skip
+                        "skipped_steps": trainer.skipped_steps, "time/step": elapsed}  # fmt: skip
             if data.eval and (step % cfg.eval.interval == 0 or step == cfg.max_steps):
                 row["eval/loss"] = evaluate(model, data.eval, cfg.batch_size, trainer.passes, dp)
                 eval_info = f" | eval {row['eval/loss']:.3f}"

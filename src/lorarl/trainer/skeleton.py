@@ -16,6 +16,7 @@ only what differs: where a step's samples come from, its loss, and what is writt
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -57,6 +58,9 @@ class Trainer(Generic[Model]):
     max_norm: float
     # The resumed checkpoint's state.json ({"step": N, ...what the loop saved beside it}), or None.
     resumed: dict[str, Any] | None
+    max_skipped_steps: int
+    skipped_steps: int = 0  # steps whose gradient was not finite, so no update (optimizer_step)
+    skipped_in_a_row: int = 0
 
     @property
     def start(self) -> int:
@@ -91,7 +95,8 @@ class Trainer(Generic[Model]):
             if dp.is_main:
                 discard_after(run, resumed["step"])
         passes = forward_passes(cfg, pad_id)
-        return cls(run, dp, model, optimizer, scheduler, passes, training.optim.max_norm, resumed)
+        optim = training.optim
+        return cls(run, dp, model, optimizer, scheduler, passes, optim.max_norm, resumed, optim.max_skipped_steps)
 
     def metrics_logger(self, component: str, cfg: RLConfig | SFTConfig) -> MetricsLogger:
         # Rank 0 alone logs: every rank holds the same weights (with fsdp, its shards of them).
@@ -100,13 +105,29 @@ class Trainer(Generic[Model]):
 
     def optimizer_step(self) -> tuple[float, float]:
         """Clip the step's gradient, step the optimizer and the schedule, clear the gradient. Returns
-        the gradient norm before clipping and the learning rate of this step."""
-        grad_norm = torch.nn.utils.clip_grad_norm_(trainable_parameters(self.model), self.max_norm)
+        the gradient norm before clipping and the learning rate of this step.
+
+        A gradient that is NaN or infinite (a non-finite loss gives one) changes no weight: the step
+        is skipped (the schedule still advances, so steps keep their learning rates), counted in
+        `skipped_steps`, and `optim.max_skipped_steps` of them in a row stop the run, so that no
+        NaN adapter is ever written. Every rank sees the same norm, so all skip together."""
+        grad_norm = torch.nn.utils.clip_grad_norm_(trainable_parameters(self.model), self.max_norm).item()
         lr = float(self.scheduler.get_last_lr()[0])
-        self.optimizer.step()
+        if math.isfinite(grad_norm):
+            self.optimizer.step()
+            self.skipped_in_a_row = 0
+        else:
+            self.skipped_steps += 1
+            self.skipped_in_a_row += 1
+            log.warning("gradient norm %s: step skipped (%d in a row)", grad_norm, self.skipped_in_a_row)
+            if self.skipped_in_a_row >= self.max_skipped_steps:
+                raise FloatingPointError(
+                    f"{self.skipped_in_a_row} steps in a row with a non-finite loss or gradient "
+                    "(optim.max_skipped_steps): stopping; the adapters written so far are finite"
+                )
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return grad_norm.item(), lr
+        return grad_norm, lr
 
 
 def training_section(cfg: RLConfig | SFTConfig) -> TrainerConfig | SFTConfig:
