@@ -16,3 +16,5 @@ echo "== sft: supervised warm-up (configs/quickstart/sft.toml)"
 echo "== rl: LoRA RL through vLLM (configs/quickstart/rl.toml)"
 .venv/bin/rl @ configs/quickstart/rl.toml --overwrite
 $PY scripts/summarize_run.py outputs/quickstart-rl
+echo "== plots (lorarl-plot): the overview, then one PNG per panel"
+.venv/bin/lorarl-plot outputs/quickstart-rl

@@ -32,7 +32,7 @@ LOCK = ".lock"  # held (flock) by the `rl` or `sft` process while the run is ali
 MANIFEST = "MANIFEST.json"
 _STEP = re.compile(r"^step_(\d+)$")
 # Everything lorarl writes at the top of a run folder; clearing never reaches beyond these.
-_OUTPUTS = ("configs", "logs", "rollouts", "broadcasts", "samples", "checkpoints", "final", "metrics.jsonl")
+_OUTPUTS = ("configs", "logs", "rollouts", "broadcasts", "samples", "checkpoints", "final", "plots", "metrics.jsonl")
 # What a resumed run writes again from its checkpoint on; checkpoints and metrics carry over.
 _REGENERATED = ("rollouts", "broadcasts", "samples")
 

@@ -1,8 +1,10 @@
-"""The environment scripts/setup.sh builds: transformers model classes and vLLM both import."""
+"""The environment scripts/setup.sh builds: transformers model classes and vLLM both import, and
+lorarl-plot runs (its console script is installed)."""
 
 import importlib.util
 import subprocess
 import sys
+from pathlib import Path
 
 
 def test_transformers_qwen3_and_vllm_import_together() -> None:
@@ -20,3 +22,13 @@ def test_cuda_linked_vision_and_audio_packages_are_left_out() -> None:
         return
     for name in ("torchvision", "torchaudio", "torchcodec"):
         assert importlib.util.find_spec(name) is None, f"{name} is installed; it breaks transformers on CPU torch"
+
+
+def test_lorarl_plot_console_script(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 1, "component": "sft", "loss": 2.0}\n')
+    script = Path(sys.executable).parent / "lorarl-plot"
+    out = subprocess.run([str(script), str(run)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.splitlines() == [str(run / "plots" / "overview.png"), str(run / "plots" / "sft_loss.png")]

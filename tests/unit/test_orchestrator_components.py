@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from lorarl.config.models import MonitorConfig
+from lorarl.monitor.metrics import MetricsLogger
 from lorarl.orchestrator.batch_metrics import StepCounters, batch_metrics
 from lorarl.orchestrator.checkpoint import SamplerCheckpoints
 from lorarl.orchestrator.envs import load_environment
@@ -76,12 +78,13 @@ def test_step_counters_become_the_steps_metrics() -> None:
 def test_samples_are_the_first_episodes_of_the_batch(tmp_path: Path) -> None:
     run = RunFolder(tmp_path)
     groups = [group("a", 0, [1.0, 0.0]), group("b", 0, [0.5])]
-    write_samples(run, 2, groups, num=3)
+    metrics = MetricsLogger(run.metrics, "orchestrator", MonitorConfig(), "r")  # no wandb: no table
+    write_samples(run, 2, groups, num=3, metrics=metrics)
     rows = [json.loads(line) for line in run.samples(2).read_text().splitlines()]
     assert [(r["env"], r["messages"][-1]["content"], r["reward"]) for r in rows] == [
         ("a", "a0", 1.0), ("a", "a1", 0.0), ("b", "a0", 0.5)
     ]  # fmt: skip
-    write_samples(run, 3, groups, num=0)
+    write_samples(run, 3, groups, num=0, metrics=metrics)
     assert not run.samples(3).exists()
 
 

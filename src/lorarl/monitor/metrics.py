@@ -1,4 +1,5 @@
-"""`MetricsLogger`: one JSON object per line in metrics.jsonl, optionally mirrored to wandb."""
+"""`MetricsLogger`: one JSON object per line in metrics.jsonl, optionally mirrored to wandb, where
+tables (a step's samples) go too."""
 
 from __future__ import annotations
 
@@ -35,6 +36,18 @@ class MetricsLogger:
         if self._wandb is not None:
             self._wandb.log({f"{self.component}/{k}": v for k, v in metrics.items()}, step=step)
 
+    def log_table(self, step: int, name: str, rows: list[dict[str, Any]]) -> None:
+        """Log `rows` (e.g. a step's samples) to wandb as the table `<component>/<name>`, one column
+        per key of any row. Without wandb, nothing: metrics.jsonl holds numbers only."""
+        if self._wandb is None or not rows:
+            return
+        import wandb
+
+        columns = list(dict.fromkeys(key for row in rows for key in row))
+        data = [[_cell(row.get(column)) for column in columns] for row in rows]
+        table = wandb.Table(columns=[*columns], data=data)  # a copy: its stubs take list[str | int]
+        self._wandb.log({f"{self.component}/{name}": table}, step=step)
+
     def close(self) -> None:
         if self._wandb is not None:
             self._wandb.finish()
@@ -43,3 +56,13 @@ class MetricsLogger:
 def _finite(metrics: dict[str, float]) -> dict[str, float | None]:
     # JSON has no NaN: write null so every reader can parse the file.
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}
+
+
+def _cell(value: Any) -> Any:
+    """A table cell: scalars as they are; a chat (a list of {"role", "content"} messages) as its
+    turns one after another, readable in the wandb UI; anything else as JSON."""
+    if value is None or isinstance(value, str | int | float):
+        return value
+    if isinstance(value, list) and all(isinstance(m, dict) and {"role", "content"} <= m.keys() for m in value):
+        return "\n\n".join(f"{m['role']}: {m['content']}" for m in value)
+    return json.dumps(value)

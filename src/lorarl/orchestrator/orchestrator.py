@@ -165,7 +165,7 @@ class Orchestrator:
         # checkpoint with a trainer half always has this one too.
         self.checkpoints.save(self.step)
         RolloutBatch(self.step, rollouts).write(self.run_folder.rollouts(self.step))
-        write_samples(self.run_folder, self.step, groups, self.ocfg.num_samples_to_log)
+        write_samples(self.run_folder, self.step, groups, self.ocfg.num_samples_to_log, self.metrics)
         self.end_step(groups, rollouts)
 
     def end_step(self, groups: list[Group], rollouts: list[Rollout]) -> None:

@@ -1,0 +1,36 @@
+"""`lorarl-plot RUN [RUN ...] [--out FOLDER]`: PNG plots of runs from their metrics.jsonl.
+
+Writes overview.png (every panel in one grid) and one PNG per panel (reward, evals, policy lag,
+trainer-vLLM mismatch, entropy, loss, step time, throughput; for `sft` runs loss, grad norm, lr,
+throughput), each run overlaid in its own colour. A panel no run has data for is left out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from lorarl.monitor.plots import MetricsError, plot_runs
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="lorarl-plot", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument(
+        "runs", nargs="+", type=Path, metavar="RUN", help="a run folder (output_dir/run_name) or its metrics.jsonl"
+    )
+    parser.add_argument("--out", type=Path, help="the folder to write the PNGs to; default: <first RUN>/plots/")
+    args = parser.parse_args(argv)
+    try:
+        written = plot_runs(args.runs, args.out)
+    except (MetricsError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    for path in written:
+        print(path)
+
+
+if __name__ == "__main__":
+    main()
