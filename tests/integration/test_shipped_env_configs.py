@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import REPO
 from tests.integration.helpers import metrics, rl_command
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
 CONFIGS = sorted(REPO.glob("configs/*/rl.toml")) + sorted(REPO.glob("examples/*/rl.toml"))
 
 

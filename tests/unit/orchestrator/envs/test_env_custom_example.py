@@ -4,16 +4,15 @@ import asyncio
 import random
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from lorarl.config.loader import load_config
 from lorarl.config.models import RLConfig
 from lorarl.orchestrator.envs import load_environment
-from tests.unit.env_play import play_by_hand
+from tests.conftest import REPO
+from tests.unit.orchestrator.envs.env_play import play_by_hand
 
-REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "examples" / "custom_environment" / "rl.toml"
 CONFIG_ID = "examples.custom_environment.my_env:make_env"
 

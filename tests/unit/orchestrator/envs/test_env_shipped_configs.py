@@ -16,8 +16,8 @@ from lorarl.orchestrator.envs import load_environment
 from lorarl.orchestrator.envs.base import Environment, Example
 from lorarl.orchestrator.episodes import EpisodeRunner
 from lorarl.tiny_model import build_tokenizer
+from tests.conftest import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 CONFIGS = sorted(p for d in ("configs", "examples") for p in (REPO / d).rglob("*.toml") if not p.stem.startswith("sft"))
 
 

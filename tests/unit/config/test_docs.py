@@ -12,12 +12,11 @@ import pytest
 from pydantic import BaseModel
 
 from lorarl.config.models import RLConfig, SFTConfig
-
-ROOT = Path(__file__).parents[2]
+from tests.conftest import REPO
 
 
 def generator() -> ModuleType:
-    path = ROOT / "scripts" / "config_reference.py"
+    path = REPO / "scripts" / "config_reference.py"
     spec = importlib.util.spec_from_file_location("config_reference", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -28,7 +27,7 @@ def generator() -> ModuleType:
 
 def test_readme_config_reference_is_generated() -> None:
     gen = generator()
-    assert gen.between_markers((ROOT / "README.md").read_text()) == gen.reference(), (
+    assert gen.between_markers((REPO / "README.md").read_text()) == gen.reference(), (
         f"README.md's config reference differs from the config models: run `{gen.WRITE}`"
     )
 

@@ -6,7 +6,7 @@ import pytest
 from lorarl.orchestrator.envs import load_environment
 from lorarl.orchestrator.envs.alphabet_sort import FIRST_NAMES, LAST_NAMES, AlphabetSort, expected_turns
 from lorarl.orchestrator.envs.base import Episode
-from tests.unit.env_play import play_by_hand
+from tests.unit.orchestrator.envs.env_play import play_by_hand
 
 TURNS = [["Zoe Adler", "Ada Young"], ["Milo Baker"]]
 BY_LAST = {"sort_by": "last", "turns": TURNS, "expected": expected_turns("last", TURNS)}

@@ -7,7 +7,7 @@ from lorarl.orchestrator.envs import load_environment
 from lorarl.orchestrator.envs.base import Episode
 from lorarl.orchestrator.envs.search import LexicalIndex, Search, normalize
 from lorarl.orchestrator.envs.search_docs import DOCUMENTS
-from tests.unit.env_play import play_by_hand
+from tests.unit.orchestrator.envs.env_play import play_by_hand
 
 EXAMPLE = {"question": "Who founded the Sorrel Academy of Music?", "answer": "Petra Lind"}
 

@@ -6,8 +6,8 @@ import pytest
 
 from lorarl.config.loader import load_config
 from lorarl.config.models import RLConfig, SFTConfig
+from tests.conftest import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 SHIPPED = sorted(p for d in ("configs", "examples") for p in (REPO / d).rglob("*.toml"))
 
 
