@@ -9,9 +9,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from lorarl.run_folder import write_folder_atomically
-
-BATCH_FILE = "rollouts.jsonl"
+from lorarl.run_folder import BATCH_FILE, write_folder_atomically
 
 
 def policy_lag(step: int, version: int) -> int:

@@ -5,7 +5,7 @@
     rollouts/step_N/      the batch for trainer step N
     broadcasts/step_N/    the adapter after step N (PEFT folder, STABLE last)
     checkpoints/step_N/   trainer/ and orchestrator/ halves
-    samples/step_N.jsonl  metrics.jsonl  final/
+    samples/step_N.jsonl  metrics.jsonl  final/  plots/ (lorarl-plot)
 
 Folders that another process reads are written under a temporary name and renamed, and adapter
 folders get `STABLE` last, so a reader never sees a half-written step. A folder is cleared only if
@@ -28,11 +28,13 @@ from typing import Any
 
 STABLE = "STABLE"
 MARKER = "run.json"
+METRICS = "metrics.jsonl"
+BATCH_FILE = "rollouts.jsonl"  # in rollouts/step_N/: one rollout per line
 LOCK = ".lock"  # held (flock) by the `rl` or `sft` process while the run is alive
 MANIFEST = "MANIFEST.json"
 _STEP = re.compile(r"^step_(\d+)$")
 # Everything lorarl writes at the top of a run folder; clearing never reaches beyond these.
-_OUTPUTS = ("configs", "logs", "rollouts", "broadcasts", "samples", "checkpoints", "final", "plots", "metrics.jsonl")
+_OUTPUTS = ("configs", "logs", "rollouts", "broadcasts", "samples", "checkpoints", "final", "plots", METRICS)
 # What a resumed run writes again from its checkpoint on; checkpoints and metrics carry over.
 _REGENERATED = ("rollouts", "broadcasts", "samples")
 
@@ -48,8 +50,9 @@ class RunFolder:
 
     configs = property(lambda self: self.root / "configs")
     logs = property(lambda self: self.root / "logs")
-    metrics = property(lambda self: self.root / "metrics.jsonl")
+    metrics = property(lambda self: self.root / METRICS)
     final = property(lambda self: self.root / "final")
+    plots = property(lambda self: self.root / "plots")
     marker = property(lambda self: self.root / MARKER)
 
     def rollouts(self, step: int) -> Path:

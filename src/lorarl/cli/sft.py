@@ -13,7 +13,7 @@ import sys
 from lorarl.cli.common import load_or_exit, setup_logging
 from lorarl.config.models import SFTConfig
 from lorarl.launcher.plan import torchrun
-from lorarl.launcher.preflight import PreflightError, check_model
+from lorarl.launcher.preflight import PreflightError, check_sft
 from lorarl.run_folder import RunFolder, RunFolderError
 
 log = logging.getLogger("lorarl.sft")
@@ -41,18 +41,10 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def prepare(cfg: SFTConfig) -> None:
-    from lorarl.trainer.sft_data import read_conversations  # loads torch: only once the config is valid
-
+    """Every check, then the run folder (RunFolder.prepare) and its lock; one line and exit 2 if not."""
     run = RunFolder(cfg.run_dir)
     try:
-        check_model(cfg.model.name)
-        if cfg.model.lora is not None:
-            cfg.model.lora.check_init_adapter()
-        # Every record parses (format, UTF-8, roles): cheap next to training, and a data mistake then
-        # stops the run before its folder is touched. Tokenizing waits for the trainer.
-        for path in (cfg.data.path, cfg.data.eval_path):
-            if path is not None:
-                read_conversations(path, cfg.data.split)
+        check_sft(cfg)
         if cfg.resume is not None:
             run.resume_step(cfg.resume.step)
         log.info(run.prepare("sft", cfg.model_dump(mode="json"), cfg.resume is not None, cfg.overwrite))

@@ -1,4 +1,4 @@
-"""Checks that `rl` makes before it clears or starts anything, `--dry-run` included.
+"""Checks that `rl` and `sft` make before they clear or start anything, `--dry-run` included.
 
 Each mistake here would otherwise surface minutes later, after vLLM has started (or, worse, after
 the previous run's outputs were cleared). Every check raises `PreflightError` with one line that
@@ -13,7 +13,7 @@ import socket
 import sys
 from pathlib import Path
 
-from lorarl.config.models import RLConfig
+from lorarl.config.models import RLConfig, SFTConfig
 from lorarl.orchestrator.envs import check_environment
 
 _HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
@@ -32,6 +32,22 @@ def check_rl(cfg: RLConfig) -> None:
     check_environments(cfg)
     if not cfg.inference.urls:
         check_ports(cfg.inference.host, cfg.inference.port, cfg.inference.num_workers)
+
+
+def check_sft(cfg: SFTConfig) -> None:
+    check_model(cfg.model.name)
+    try:
+        if cfg.model.lora is not None:
+            cfg.model.lora.check_init_adapter()
+    except ValueError as e:
+        raise PreflightError(str(e)) from None
+    from lorarl.trainer.sft_data import read_conversations  # loads torch: only once the config is valid
+
+    # Every record parses (format, UTF-8, roles): cheap next to training, and a data mistake then
+    # stops the run before its folder is touched (DataError). Tokenizing waits for the trainer.
+    for path in (cfg.data.path, cfg.data.eval_path):
+        if path is not None:
+            read_conversations(path, cfg.data.split)
 
 
 def check_model(name: str, key: str = "model.name") -> None:

@@ -21,7 +21,8 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 from matplotlib.typing import LineStyleType
 
-METRICS_FILE = "metrics.jsonl"
+from lorarl.run_folder import METRICS, RunFolder
+
 OVERVIEW = "overview.png"
 # Line styles tell a panel's metrics apart when colours tell runs apart.
 _LINE_STYLES: tuple[LineStyleType, ...] = ("-", "--", ":", "-.", (0, (3, 1, 1, 1, 1, 1)), (0, (8, 3)))
@@ -122,13 +123,13 @@ PANELS = (
 
 def metrics_file(path: Path) -> Path:
     """A run folder's metrics.jsonl, or `path` itself when it is the file."""
-    return path if path.is_file() else path / METRICS_FILE
+    return path if path.is_file() else RunFolder(path).metrics
 
 
 def load_run(path: Path, label: str) -> Run:
     file = metrics_file(path)
     if not file.is_file():
-        raise MetricsError(f"{path}: no {METRICS_FILE} (give a run folder or its {METRICS_FILE})")
+        raise MetricsError(f"{path}: no {METRICS} (give a run folder or its {METRICS})")
     run = Run(label)
     with open(file, "rb") as f:
         for number, line in enumerate(f, start=1):
@@ -158,7 +159,7 @@ def run_labels(paths: Sequence[Path]) -> list[str]:
 
 
 def default_out(first_run: Path) -> Path:
-    return metrics_file(first_run).parent / "plots"
+    return RunFolder(metrics_file(first_run).parent).plots
 
 
 def plot_runs(paths: Sequence[Path], out: Path | None = None) -> list[Path]:

@@ -14,8 +14,8 @@ import pytest
 from lorarl.config.models import RLConfig
 from lorarl.inference.client import Completion
 from lorarl.orchestrator.orchestrator import Orchestrator
-from lorarl.rollouts import BATCH_FILE, RolloutBatch, policy_lag
-from lorarl.run_folder import RunFolder, write_folder_atomically
+from lorarl.rollouts import RolloutBatch, policy_lag
+from lorarl.run_folder import BATCH_FILE, RunFolder, write_folder_atomically
 from lorarl.tiny_model import build_tokenizer
 
 TOKENIZER = build_tokenizer()
