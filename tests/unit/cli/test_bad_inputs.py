@@ -185,6 +185,16 @@ CASES: list[Case] = [
         "not an Environment class",
     ),  # fmt: skip
     ("rl", rl_args("--orchestrator.env", '[{"id": "reverse_text", "args": {"nope": 1}}]'), "args do not fit"),
+    (
+        "rl",
+        rl_args("--orchestrator.env", '[{"id": "reasoning_gym:leg_countin"}]'),
+        "orchestrator.env[0] id 'reasoning_gym:leg_countin': unknown reasoning-gym task 'leg_countin'",
+    ),  # fmt: skip
+    (
+        "rl",
+        rl_args("--orchestrator.env", '[{"id": "reasoning_gym:gcd", "args": {"config": {"max_value": 0}}}]'),
+        "task 'gcd': bad config",
+    ),  # fmt: skip
     ("rl", rl_args("--orchestrator.env", '[{"id": "reverse_text", "weight": 0}]'), "orchestrator.env.0.weight"),
     ("rl", rl_args("--orchestrator.env", "[]"), "no environment given"),
     ("rl", rl_args("--orchestrator.eval", '{"num_examples": 0}'), "orchestrator.eval.num_examples"),

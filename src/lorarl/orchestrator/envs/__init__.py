@@ -1,4 +1,4 @@
-"""Built-in environments and loading of user environments by `package.module:factory`."""
+"""Built-in environments, bridged libraries of tasks, and user environments by `package.module:factory`."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import importlib
 import inspect
 import typing
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 from lorarl.orchestrator.envs.alphabet_sort import AlphabetSort
@@ -18,6 +19,18 @@ from lorarl.orchestrator.envs.unscramble import Unscramble
 BUILTIN: dict[str, type[Environment]] = {
     env.name: env for env in (ReverseText, AlphabetSort, Unscramble, MathProblems, Search)
 }
+# Libraries whose tasks are environments: "<prefix>:<task>" is one task, "<prefix>" alone takes
+# its tasks from args. Each maps to the lorarl module that adapts it, with `check(task, args)`
+# (no building) and `load(task, args)`; imported on first use, since it imports the library.
+BRIDGES: dict[str, str] = {"reasoning_gym": "lorarl.orchestrator.envs.reasoning_gym_env"}
+
+
+def bridge(env_id: str) -> tuple[ModuleType, str | None] | None:
+    """The adapting module and task of a bridged `env_id`, or None if it names no bridged library."""
+    prefix, colon, task = env_id.partition(":")
+    if prefix not in BRIDGES:
+        return None
+    return importlib.import_module(BRIDGES[prefix]), task if colon else None
 
 
 def resolve_environment(env_id: str) -> Callable[..., Environment]:
@@ -28,7 +41,8 @@ def resolve_environment(env_id: str) -> Callable[..., Environment]:
         return BUILTIN[env_id]
     if ":" not in env_id:
         raise ValueError(
-            f"unknown environment {env_id!r}: built-ins are {sorted(BUILTIN)}, or give 'package.module:factory'"
+            f"unknown environment {env_id!r}: built-ins are {sorted(BUILTIN)}, bridged libraries "
+            f"{sorted(BRIDGES)} (as '<library>:<task>'), or give 'package.module:factory'"
         )
     module_name, factory_name = env_id.split(":", 1)
     factory = getattr(importlib.import_module(module_name), factory_name)
@@ -47,7 +61,12 @@ def resolve_environment(env_id: str) -> Callable[..., Environment]:
 
 def check_environment(env_id: str, args: dict[str, Any]) -> None:
     """What can be known of an environment without building it (building runs the user's code):
-    that it resolves, and that its signature takes `args`."""
+    that it resolves, and that its signature takes `args`; for a bridged library, that the task
+    exists and `args` fit it."""
+    if bridged := bridge(env_id):
+        module, task = bridged
+        module.check(task, args)
+        return
     factory = resolve_environment(env_id)
     try:
         inspect.signature(factory).bind(**args)
@@ -58,8 +77,12 @@ def check_environment(env_id: str, args: dict[str, Any]) -> None:
 
 
 def load_environment(env_id: str, args: dict[str, Any] | None = None) -> Environment:
-    """Build the environment `env_id` names with `args` (see `resolve_environment`)."""
-    env = resolve_environment(env_id)(**(args or {}))
+    """Build the environment `env_id` names with `args` (see `resolve_environment` and `BRIDGES`)."""
+    if bridged := bridge(env_id):
+        module, task = bridged
+        env = module.load(task, args or {})
+    else:
+        env = resolve_environment(env_id)(**(args or {}))
     if not isinstance(env, Environment):
         raise TypeError(f"{env_id} returned {type(env).__name__}, not an Environment")
     return env
