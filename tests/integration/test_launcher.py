@@ -27,8 +27,9 @@ def test_dry_run_prints_the_vllm_command_and_starts_nothing(tiny_model: Path, tm
     assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True" in result.stdout
     configs = tmp_path / "dry" / "configs"
     assert {p.name for p in configs.iterdir()} == {
-        "trainer.json", "orchestrator.json", "inference.json", "commands.txt"
+        "trainer.json", "orchestrator.json", "inference.json", "commands.txt", "placement.txt"
     }  # fmt: skip
+    assert result.stdout.startswith("process ") and "placement.txt" in result.stdout
     assert not (tmp_path / "dry" / "logs").exists() or not any((tmp_path / "dry" / "logs").iterdir())
     assert not (tmp_path / "dry" / "broadcasts").exists()
 

@@ -1,4 +1,5 @@
-"""`inference @ cfg.toml [--worker i]`: one vLLM server exactly as `rl` starts it."""
+"""`inference @ cfg.toml [--worker i]`: one vLLM server exactly as `rl` starts it, on the GPUs `rl`
+would give worker i."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sys
 from lorarl.cli.common import load_or_exit
 from lorarl.config.models import RLConfig
 from lorarl.inference.server import vllm_command, vllm_env
+from lorarl.launcher.placement import PlacementError, worker_gpus
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -19,9 +21,12 @@ def main(argv: list[str] | None = None) -> None:
         worker = int(args[i + 1])
         del args[i : i + 2]
     cfg = load_or_exit(RLConfig, args)
-    import torch
-
-    cmd, env = vllm_command(cfg, worker), vllm_env(cfg, worker, torch.cuda.is_available())
+    try:
+        gpus = worker_gpus(cfg, worker)
+    except PlacementError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    cmd, env = vllm_command(cfg, worker), vllm_env(cfg, gpus)
     print(" ".join([*(f"{k}={v}" for k, v in env.items()), shlex.join(cmd)]), flush=True)
     if not cfg.dry_run:
         os.execvpe(cmd[0], cmd, {**os.environ, **env})

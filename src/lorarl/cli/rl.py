@@ -11,6 +11,7 @@ import sys
 from lorarl.cli.common import load_or_exit, setup_logging
 from lorarl.config.models import RLConfig
 from lorarl.launcher.launch import launch
+from lorarl.launcher.placement import visible_gpus
 from lorarl.launcher.plan import plan_run
 from lorarl.launcher.preflight import PreflightError, check_rl
 from lorarl.run_folder import RunFolder, RunFolderError
@@ -23,7 +24,7 @@ def main(argv: list[str] | None = None) -> None:
     setup_logging("rl")
     run = RunFolder(cfg.run_dir)
     try:
-        check_rl(cfg)
+        placement = check_rl(cfg, visible_gpus(cfg))
         if cfg.resume is not None:
             run.resume_step(cfg.resume.step)
         done = run.prepare("rl", cfg.model_dump(mode="json"), cfg.resume is not None, cfg.overwrite, cfg.dry_run)
@@ -33,19 +34,13 @@ def main(argv: list[str] | None = None) -> None:
     log.info(done)
     if not cfg.dry_run:
         run.hold_lock()
-    has_gpu = _has_gpu()
-    specs = plan_run(cfg, run, has_gpu)
+    specs = plan_run(cfg, run, placement)
     if cfg.dry_run:
+        print(placement.table())
         print((run.configs / "commands.txt").read_text(), end="")
-        print(f"# resolved configs in {run.configs}/ (dry run: nothing started)")
+        print(f"# resolved configs and placement.txt in {run.configs}/ (dry run: nothing started)")
         return
-    raise SystemExit(launch(cfg, run, specs, has_gpu))
-
-
-def _has_gpu() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
+    raise SystemExit(launch(cfg, run, specs, placement))
 
 
 if __name__ == "__main__":

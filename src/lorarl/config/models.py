@@ -249,6 +249,10 @@ class TrainerConfig(Section):
     """Data-parallel trainer ranks and weight sharding."""
     ckpt: CheckpointConfig = CheckpointConfig()
     """Checkpoints of the trainer and the orchestrator, to continue from with `--resume`."""
+    gpu_ids: list[Annotated[int, Field(ge=0)]] | None = None
+    """GPUs of the trainer's ranks, one per rank (parallel.dp of them), as indices among the GPUs `rl`
+    sees: rank i runs on gpu_ids[i]. None: the first parallel.dp GPUs that vLLM does not use (with
+    inference.colocate_with_trainer: the first parallel.dp GPUs). Unused without GPUs."""
 
 
 class SamplingConfig(Section):
@@ -362,8 +366,20 @@ class OrchestratorConfig(Section):
 
 class InferenceConfig(Section):
     num_workers: int = Field(1, ge=1)
-    """vLLM servers `rl` starts, each serving the whole model (with several GPUs, worker i on GPU i);
-    requests go to the worker with the fewest in flight. Unused with urls."""
+    """vLLM servers `rl` starts, each serving the whole model (on GPUs, each on tensor_parallel_size GPUs
+    of its own: gpu_ids); requests go to the worker with the fewest in flight. Unused with urls."""
+    tensor_parallel_size: int = Field(1, ge=1)
+    """GPUs each vLLM server splits the model over (vLLM's `--tensor-parallel-size`), for a model too
+    large for one GPU or faster sampling of a large one; 1: one GPU per server."""
+    gpu_ids: list[Annotated[int, Field(ge=0)]] | None = None
+    """GPUs the vLLM servers share out, num_workers × tensor_parallel_size of them, as indices among the
+    GPUs `rl` sees: worker i takes the i-th tensor_parallel_size of them. With urls: the GPUs of those
+    servers, if on this machine, which the trainer then keeps clear of. None: the first free GPUs (those
+    not in trainer.gpu_ids; with colocate_with_trainer, the first GPUs). Unused without GPUs."""
+    colocate_with_trainer: bool = False
+    """Let the trainer share GPUs with the vLLM servers (the only way to run on one GPU): vLLM then takes
+    gpu_memory_utilization (default 0.4) of each shared GPU and the trainer what is left. False: a GPU
+    given to both is refused."""
     host: str = "127.0.0.1"
     """Address the vLLM servers `rl` starts listen on and are reached at."""
     port: int = 8000
@@ -371,9 +387,10 @@ class InferenceConfig(Section):
     urls: list[str] = []
     """Base URLs of vLLM servers that are already running (e.g. "http://127.0.0.1:8000"), used instead of
     starting any; several runs can share them. []: `rl` starts num_workers servers."""
-    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
-    """Fraction of its GPU's memory a vLLM server may take for weights and KV cache (vLLM's
-    `--gpu-memory-utilization`)."""
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    """Fraction of each of its GPUs' memory a vLLM server takes for weights, activations and KV cache
+    (vLLM's `--gpu-memory-utilization`). With colocate_with_trainer, leave the trainer its peak
+    (`memory/peak_gib`) plus about 2 GiB: see README "GPUs". None: 0.9, or 0.4 with colocate_with_trainer."""
     kv_cache_gib: int = Field(1, ge=1)
     """KV cache per vLLM server in whole GiB on machines without a GPU (VLLM_CPU_KVCACHE_SPACE)."""
     startup_timeout: float = Field(600.0, gt=0)
@@ -401,6 +418,13 @@ class InferenceConfig(Section):
                 f"inference.api_key is required when inference.host ({self.host}) is not a loopback address"
             )
         return self
+
+    @property
+    def memory_fraction(self) -> float:
+        """gpu_memory_utilization, or its default: less of each GPU when the trainer shares it."""
+        if self.gpu_memory_utilization is not None:
+            return self.gpu_memory_utilization
+        return 0.4 if self.colocate_with_trainer else 0.9
 
     @property
     def given_max_loras(self) -> int | None:
@@ -503,7 +527,12 @@ class RLConfig(SharedConfig):
     `--resume` (the latest) or `--resume.step N`. What the run wrote after that step is dropped, and its
     batches and adapters regenerated. Absent: a new run."""
     dry_run: bool = Field(False, exclude=True)
-    """Write the run folder's configs/ (per-process configs and commands) and start nothing; false: run."""
+    """Write the run folder's configs/ (per-process configs, commands and the placement of every process)
+    and start nothing; false: run."""
+    dry_run_devices: int | None = Field(None, ge=0, exclude=True)
+    """With dry_run: place the run as if this machine had this many GPUs (0: none), e.g. to see on a
+    laptop where each process of an 8-GPU run would go (`--dry-run --dry-run-devices 8`). None: the GPUs
+    this machine has."""
     auto_resume: int = Field(0, ge=0, exclude=True)
     """When the trainer or the orchestrator dies, restart both from the latest complete checkpoint
     (`trainer.ckpt.interval` must be set) up to this many times, keeping the vLLM workers."""
@@ -512,6 +541,12 @@ class RLConfig(SharedConfig):
     def _rl_trains_lora(self) -> RLConfig:
         if self.model.lora is None:
             self.model.lora = LoraConfig()
+        return self
+
+    @model_validator(mode="after")
+    def _devices_only_pretend_in_dry_runs(self) -> RLConfig:
+        if self.dry_run_devices is not None and not self.dry_run:
+            raise ValueError("dry_run_devices only pretends for a dry run: add --dry-run, or leave it out")
         return self
 
     @model_validator(mode="after")

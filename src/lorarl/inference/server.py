@@ -36,17 +36,19 @@ def vllm_command(cfg: RLConfig, worker: int = 0) -> list[str]:
         # Logprobs of the distribution actually sampled from (temperature applied), which is what
         # the trainer computes; vLLM's default is the raw model distribution.
         "--logprobs-mode", "processed_logprobs",
-        "--gpu-memory-utilization", str(inf.gpu_memory_utilization),
+        "--tensor-parallel-size", str(inf.tensor_parallel_size),
+        "--gpu-memory-utilization", str(inf.memory_fraction),
         *(["--api-key", inf.api_key] if inf.api_key else []),
         *inf.extra_args,
     ]  # fmt: skip
 
 
-def vllm_env(cfg: RLConfig, worker: int = 0, has_gpu: bool = False) -> dict[str, str]:
+def vllm_env(cfg: RLConfig, gpus: str | None = None) -> dict[str, str]:
+    """The environment of one worker: `gpus` is its CUDA_VISIBLE_DEVICES (launcher/placement.py),
+    None on a machine without GPUs."""
     env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
-    if has_gpu:
-        if cfg.inference.num_workers > 1:
-            env["CUDA_VISIBLE_DEVICES"] = str(worker)
+    if gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = gpus
     else:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.inference.kv_cache_gib)
     return env

@@ -20,6 +20,7 @@ from types import FrameType
 from lorarl.config.models import ResumeConfig, RLConfig
 from lorarl.inference.health import wait_until_healthy
 from lorarl.inference.server import worker_urls
+from lorarl.launcher.placement import Placement
 from lorarl.launcher.plan import ProcessSpec, plan_run
 from lorarl.launcher.supervisor import Supervisor
 from lorarl.monitor.console import StepPrinter
@@ -32,7 +33,7 @@ class Stop(Exception):
     """A SIGINT or SIGTERM arrived."""
 
 
-def launch(cfg: RLConfig, run: RunFolder, specs: list[ProcessSpec], has_gpu: bool) -> int:
+def launch(cfg: RLConfig, run: RunFolder, specs: list[ProcessSpec], placement: Placement) -> int:
     """Start `specs` (in order), supervise them, stop them all; returns the exit code for `rl`."""
 
     def _stop(signum: int, _frame: FrameType | None) -> None:
@@ -40,9 +41,10 @@ def launch(cfg: RLConfig, run: RunFolder, specs: list[ProcessSpec], has_gpu: boo
 
     signal.signal(signal.SIGINT, _stop)
     signal.signal(signal.SIGTERM, _stop)
+    log.info("placement (%s):\n%s", run.configs / "placement.txt", placement.table().rstrip())
     supervisor = Supervisor(run.logs)
     try:
-        return supervise(cfg, run, specs, supervisor, has_gpu)
+        return supervise(cfg, run, specs, supervisor, placement)
     except Stop as e:
         log.info("%s: stopping every process of the run", e)
         return 130
@@ -53,7 +55,9 @@ def launch(cfg: RLConfig, run: RunFolder, specs: list[ProcessSpec], has_gpu: boo
         supervisor.stop_all()
 
 
-def supervise(cfg: RLConfig, run: RunFolder, specs: list[ProcessSpec], supervisor: Supervisor, has_gpu: bool) -> int:
+def supervise(
+    cfg: RLConfig, run: RunFolder, specs: list[ProcessSpec], supervisor: Supervisor, placement: Placement
+) -> int:
     workers = [s for s in specs if s.name.startswith("inference-")]
     roles = [s for s in specs if s not in workers]
     for spec in workers:
@@ -91,20 +95,20 @@ def supervise(cfg: RLConfig, run: RunFolder, specs: list[ProcessSpec], superviso
                 restarts["roles"] += 1
                 log.warning("%s exited with code %d; resuming from checkpoint step %d, %d of %d (auto_resume)",
                             name, code, run.checkpoint_steps()[-1], restarts["roles"], cfg.auto_resume)  # fmt: skip
-                roles = resume_roles(cfg, run, roles, supervisor, has_gpu)
+                roles = resume_roles(cfg, run, roles, supervisor, placement)
             else:
                 return report_failure(supervisor, name, code)
         time.sleep(0.5)
 
 
 def resume_roles(
-    cfg: RLConfig, run: RunFolder, roles: list[ProcessSpec], supervisor: Supervisor, has_gpu: bool
+    cfg: RLConfig, run: RunFolder, roles: list[ProcessSpec], supervisor: Supervisor, placement: Placement
 ) -> list[ProcessSpec]:
     """Stop the trainer and orchestrator, then start both again from the latest checkpoint."""
     supervisor.stop([s.name for s in roles])
     run.clear_regenerated()
     resumed = cfg.model_copy(update={"resume": ResumeConfig()})
-    new_roles = [s for s in plan_run(resumed, run, has_gpu) if not s.name.startswith("inference-")]
+    new_roles = [s for s in plan_run(resumed, run, placement) if not s.name.startswith("inference-")]
     for spec in new_roles:
         start(supervisor, spec)
     return new_roles

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from lorarl.config.models import RLConfig
 from lorarl.inference.server import vllm_command, vllm_env
+from lorarl.launcher.placement import Placement, cuda_visible_devices
 from lorarl.run_folder import RunFolder
 
 _SHARED = {"max_steps", "seq_len", "output_dir", "run_name", "seed", "monitor", "resume"}
@@ -31,30 +32,41 @@ class ProcessSpec:
         return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in self.env.items()), shlex.join(self.cmd)])
 
 
-def plan_run(cfg: RLConfig, run: RunFolder, has_gpu: bool) -> list[ProcessSpec]:
-    """Write configs/{trainer,orchestrator,inference}.json and commands.txt; return the processes
-    in start order (inference workers first: the others need them)."""
+def plan_run(cfg: RLConfig, run: RunFolder, placement: Placement) -> list[ProcessSpec]:
+    """Write configs/{trainer,orchestrator,inference}.json, commands.txt and placement.txt; return the
+    processes in start order (inference workers first: the others need them). Each child gets the GPUs
+    `placement` gives it through CUDA_VISIBLE_DEVICES."""
     run.configs.mkdir(parents=True, exist_ok=True)
-    starts_cpu_workers = not has_gpu and not cfg.inference.urls
-    if starts_cpu_workers and cfg.trainer.num_threads is None:
-        cfg = cfg.model_copy(deep=True)
-        free_cores = (os.cpu_count() or 1) - cfg.inference.num_workers
+    cfg = cfg.model_copy(deep=True)  # resolved values go to the per-process configs, not the user's object
+    if placement.on_gpu:
+        # The GPUs as placed, so that `inference @ configs/inference.json --worker i` picks the same.
+        if not cfg.inference.urls:
+            cfg.inference.gpu_ids = [g for s in placement.slots if s.name.startswith("inference-") for g in s.gpus]
+        cfg.trainer.gpu_ids = list(placement["trainer"].gpus)
+    elif not cfg.inference.urls and cfg.trainer.num_threads is None:
+        free_cores = (os.cpu_count() or 1) - cfg.inference.num_workers * cfg.inference.tensor_parallel_size
         cfg.trainer.num_threads = max(1, free_cores // cfg.trainer.parallel.dp)
     for role, sections in _SECTIONS.items():
         (run.configs / f"{role}.json").write_text(
             json.dumps(cfg.model_dump(mode="json", include=sections), indent=2) + "\n"
         )
-    specs = []
-    if not cfg.inference.urls:
-        specs += [
-            ProcessSpec(f"inference-{i}", vllm_command(cfg, i), vllm_env(cfg, i, has_gpu))
-            for i in range(cfg.inference.num_workers)
-        ]
-    specs += [
-        ProcessSpec(role, [*_launcher(cfg, role), "-m", f"lorarl.cli.{role}", "@", str(run.configs / f"{role}.json")])
-        for role in ("orchestrator", "trainer")
+    # A dry run's pretended GPUs are not this machine's: its CUDA_VISIBLE_DEVICES does not map them.
+    parent = None if cfg.dry_run_devices is not None else os.environ.get("CUDA_VISIBLE_DEVICES")
+
+    def gpus(name: str) -> str | None:
+        return cuda_visible_devices(placement[name].gpus, parent) if placement.on_gpu else None
+
+    specs = [
+        ProcessSpec(f"inference-{i}", vllm_command(cfg, i), vllm_env(cfg, gpus(f"inference-{i}")))
+        for i in range(0 if cfg.inference.urls else cfg.inference.num_workers)
     ]
+    for role in ("orchestrator", "trainer"):
+        cmd = [*_launcher(cfg, role), "-m", f"lorarl.cli.{role}", "@", str(run.configs / f"{role}.json")]
+        # The trainer's ranks see their GPUs as cuda:0..dp-1 and each takes cuda:LOCAL_RANK.
+        env = {"CUDA_VISIBLE_DEVICES": devices} if role == "trainer" and (devices := gpus(role)) else {}
+        specs.append(ProcessSpec(role, cmd, env))
     (run.configs / "commands.txt").write_text("".join(f"# {s.name}\n{s.shell()}\n" for s in specs))
+    (run.configs / "placement.txt").write_text(placement.table())
     return specs
 
 

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from lorarl.config.models import RLConfig, SFTConfig
+from lorarl.launcher.placement import Placement, place
 from lorarl.orchestrator.envs import check_environment
 
 _HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
@@ -23,15 +24,18 @@ class PreflightError(Exception):
     """A config that cannot run; str() is one line for the user."""
 
 
-def check_rl(cfg: RLConfig) -> None:
+def check_rl(cfg: RLConfig, gpus: int) -> Placement:
+    """Every check of `rl @ cfg` on a machine with `gpus` GPUs; returns where each process goes."""
     check_model(cfg.model.name)
     try:
         cfg.lora.check_for_rl()
-    except ValueError as e:
+        placement = place(cfg, gpus)
+    except ValueError as e:  # PlacementError too
         raise PreflightError(str(e)) from None
     check_environments(cfg)
     if not cfg.inference.urls:
         check_ports(cfg.inference.host, cfg.inference.port, cfg.inference.num_workers)
+    return placement
 
 
 def check_sft(cfg: SFTConfig) -> None:

@@ -205,6 +205,17 @@ CASES: list[Case] = [
     ("rl", rl_args("--inference.kv_cache_gib", "0.5"), "inference.kv_cache_gib"),
     ("rl", rl_args("--inference.extra_args=--max-loras", "--inference.extra_args=1"), "raise --max-loras"),
     ("rl", rl_args("--inference.extra_args=--max-loras=many"), "inference.extra_args: --max-loras takes a whole"),
+    # Placement on GPUs (--dry-run-devices: as if the machine had that many).
+    ("rl", rl_args("--dry-run-devices", "1"), "set inference.colocate_with_trainer = true"),
+    (
+        "rl",
+        rl_args("--dry-run-devices", "4", "--trainer.parallel.dp", "2", "--trainer.gpu_ids", "[1]"),
+        "trainer.parallel.dp = 2: one GPU per rank",
+    ),  # fmt: skip
+    ("rl", rl_args("--dry-run-devices", "2", "--inference.gpu_ids", "[1]", "--trainer.gpu_ids", "[1]"), "share gpu 1"),
+    ("rl", rl_args("--dry-run-devices", "0", "--inference.gpu_ids", "[0]"), "inference.gpu_ids = [0], but this"),
+    ("rl", rl_args("--dry-run-devices", "2", "--trainer.gpu_ids", "[2]"), "trainer.gpu_ids = [2]: gpu 2 does not"),
+    ("rl", lambda w: ["--model.name", str(w.model), "--dry-run-devices", "2"], "dry_run_devices only pretends"),
     # sft.
     ("sft", sft_args(data="{w.root}/no-data.jsonl"), "no-data.jsonl: no such file"),
     ("sft", sft_args(data="{w.user}/chapter1.tex"), "expected a .jsonl or .parquet file"),

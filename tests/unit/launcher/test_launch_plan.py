@@ -5,6 +5,7 @@ import pytest
 
 from lorarl.config.models import RLConfig
 from lorarl.inference.server import vllm_command, vllm_env, vllm_max_lora_rank, worker_urls
+from lorarl.launcher.placement import place
 from lorarl.launcher.plan import plan_run
 from lorarl.run_folder import RunFolder
 
@@ -25,17 +26,20 @@ def test_vllm_command_derives_lora_flags_from_the_config(tmp_path: Path) -> None
     assert "--max-loras 4" in cmd  # versions in flight (3) + the next one
     assert "--port 9001" in cmd
     assert "--logprobs-mode processed_logprobs" in cmd
-    assert vllm_env(c, 1, has_gpu=False) == {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    assert vllm_env(c, 1, has_gpu=True)["CUDA_VISIBLE_DEVICES"] == "1"
+    assert "--tensor-parallel-size 1 --gpu-memory-utilization 0.9" in cmd
+    assert vllm_env(c) == {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    assert vllm_env(c, "2,3") == {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "CUDA_VISIBLE_DEVICES": "2,3"}
     assert worker_urls(c) == ["http://127.0.0.1:9000", "http://127.0.0.1:9001"]
 
 
 def test_plan_writes_per_process_configs_and_commands(tmp_path: Path) -> None:
     c = cfg(tmp_path)
     run = RunFolder(c.run_dir)
-    specs = plan_run(c, run, has_gpu=False)
+    specs = plan_run(c, run, place(c, 0))
     assert [s.name for s in specs] == ["inference-0", "orchestrator", "trainer"]
     assert (run.configs / "commands.txt").read_text().count("\n# ") == 2
+    assert "no GPU: every process on the CPU" in (run.configs / "placement.txt").read_text()
+    assert all("CUDA_VISIBLE_DEVICES" not in s.env for s in specs)
     # Each process's config reproduces the resolved values it reads.
     from lorarl.config.loader import load_config
 
@@ -48,7 +52,7 @@ def test_plan_writes_per_process_configs_and_commands(tmp_path: Path) -> None:
 
 def test_given_urls_mean_no_inference_process(tmp_path: Path) -> None:
     c = cfg(tmp_path, inference={"urls": ["http://h:1"]})
-    assert [s.name for s in plan_run(c, RunFolder(c.run_dir), has_gpu=False)] == ["orchestrator", "trainer"]
+    assert [s.name for s in plan_run(c, RunFolder(c.run_dir), place(c, 0))] == ["orchestrator", "trainer"]
 
 
 def test_rl_always_trains_lora_and_checks_the_init_adapter(tmp_path: Path) -> None:
