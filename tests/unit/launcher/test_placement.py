@@ -16,8 +16,9 @@ from lorarl.config.loader import load_config
 from lorarl.config.models import RLConfig
 from lorarl.launcher.placement import Placement, PlacementError, cuda_visible_devices, place, worker_gpus
 from lorarl.launcher.plan import ProcessSpec, plan_run
+from lorarl.launcher.preflight import check_environments
 from lorarl.run_folder import RunFolder
-from tests.conftest import free_port
+from tests.conftest import REPO, free_port
 
 
 def cfg(inference: dict[str, Any] | None = None, dp: int = 1, trainer_gpus: list[int] | None = None,
@@ -219,3 +220,27 @@ def test_rl_dry_run_prints_the_placement_for_pretended_gpus(tmp_path: Path, caps
     with pytest.raises(SystemExit) as e:
         rl.main([*argv[:-1], "1"])
     assert e.value.code == 2 and "= 2 GPUs for vLLM, but 1 GPU visible: lower" in capsys.readouterr().err
+
+
+# The shipped GPU recipes: each places on the GPUs its name says, using all of them.
+
+GPU_CONFIGS = sorted((REPO / "configs" / "gpu").rglob("*.toml"))
+
+
+def test_gpu_recipes_are_shipped() -> None:
+    names = {str(p.relative_to(REPO / "configs" / "gpu")) for p in GPU_CONFIGS}
+    for env in ("reverse_text", "alphabet_sort", "unscramble", "math", "search"):
+        assert f"{env}/8gpu.toml" in names, names
+
+
+@pytest.mark.parametrize("path", GPU_CONFIGS, ids=lambda p: str(p.relative_to(REPO)))
+def test_gpu_recipe_places_on_its_gpus(path: Path) -> None:
+    match = re.fullmatch(r"(\d+)gpu", path.stem)
+    assert match, f"{path.name}: name GPU recipes <N>gpu.toml, N the GPUs it is sized for"
+    gpus = int(match.group(1))
+    c = load_config(RLConfig, ["@", str(path)])
+    p = place(c, gpus)
+    assert p.idle == (), f"{path.name} leaves gpu {p.idle} idle"
+    assert bool(p.shared) == c.inference.colocate_with_trainer
+    assert c.model.dtype == "bfloat16"
+    check_environments(c)  # the environments take their args (rl's own check, short of the hub model)
