@@ -52,6 +52,7 @@ class Placement:
     external: tuple[int, ...]  # GPUs of the vLLM servers at inference.urls (their inference.gpu_ids)
     idle: tuple[int, ...]  # GPUs no process uses
     memory_fraction: float  # of each of its GPUs a vLLM server takes (--gpu-memory-utilization)
+    pretended: bool = False  # gpus is a dry run's dry_run_devices, not this machine's
 
     def __getitem__(self, name: str) -> Slot:
         return next(s for s in self.slots if s.name == name)
@@ -69,9 +70,10 @@ class Placement:
         if not self.on_gpu:
             lines.append("no GPU: every process on the CPU")
             return "\n".join(lines) + "\n"
-        lines.append(
-            f"{self.gpus} GPU{'s' if self.gpus > 1 else ''} (ids as rl sees them, after its CUDA_VISIBLE_DEVICES)"
+        where = (
+            "as --dry-run-devices pretends" if self.pretended else "ids as rl sees them, after its CUDA_VISIBLE_DEVICES"
         )
+        lines.append(f"{_count(self.gpus)} ({where})")
         if self.shared:
             lines.append(
                 f"shared by vLLM and the trainer: gpu {_ids(self.shared)} (inference.colocate_with_trainer); "
@@ -125,6 +127,7 @@ def place(cfg: RLConfig, gpus: int) -> Placement:
         external=tuple(sorted(vllm)) if inf.urls else (),
         idle=tuple(g for g in range(gpus) if g not in {*vllm, *trainer_gpus}),
         memory_fraction=inf.memory_fraction,
+        pretended=cfg.dry_run_devices is not None,
     )
 
 

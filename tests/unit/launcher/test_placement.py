@@ -59,6 +59,7 @@ def test_one_gpu_is_refused_unless_colocation_is_asked_for() -> None:
 def test_two_gpus_inference_first_then_trainer() -> None:
     p = place(cfg(), 2)
     assert gpus_of(p) == {"inference-0": (0,), "orchestrator": (), "trainer": (1,)}
+    assert "2 GPUs (ids as rl sees them, after its CUDA_VISIBLE_DEVICES)" in p.table()
     assert p.shared == p.idle == () and p["trainer"].devices == "gpu 1" and p["orchestrator"].devices == "cpu"
 
 
@@ -217,6 +218,7 @@ def test_rl_dry_run_prints_the_placement_for_pretended_gpus(tmp_path: Path, caps
     table = (tmp_path / "r" / "configs" / "placement.txt").read_text()
     assert out.startswith(table) and out.index("# inference-0") > len(table)
     assert re.search(r"^trainer +local +gpu 2,3 +free \(torchrun\) +\S+/r/logs/trainer.log$", table, re.M), table
+    assert "4 GPUs (as --dry-run-devices pretends)" in table
     with pytest.raises(SystemExit) as e:
         rl.main([*argv[:-1], "1"])
     assert e.value.code == 2 and "= 2 GPUs for vLLM, but 1 GPU visible: lower" in capsys.readouterr().err
