@@ -5,7 +5,12 @@ import torch
 
 from lorarl.config.models import LossConfig
 from lorarl.trainer.batching import TrainSample, micro_batches
-from lorarl.trainer.loss import LossNorm, policy_loss, token_logprobs, token_logprobs_and_entropy
+from lorarl.trainer.loss import (
+    LossNorm,
+    policy_loss,
+    token_logprobs,
+    token_logprobs_and_entropy,
+)
 from lorarl.trainer.packing import collate_packed
 
 # Three samples of three completion tokens and one with no loss token (all-False mask). Token ratios
@@ -37,50 +42,88 @@ def on_loss_tokens(*tables: list[list[float]]) -> list[tuple[float, ...]]:
     return [v[:-1] for rows in zip(*tables, MASK, strict=True) for v in zip(*rows, strict=True) if v[-1]]
 
 
-def reference_loss(new, old, mask, adv, *, level, mode, norm, constant=None, ref=None, kl_coef=0.0) -> float:
-    """The module docstring of loss.py, one token at a time."""
+def reference_loss(new, old, mask, adv, cfg: LossConfig, *, frozen=None, ref=None) -> float:
+    """The module docstring of loss.py, one token at a time, for the options of `cfg`. What the loss
+    takes without gradient (CISPO's weight) comes from `frozen`: the unperturbed logprobs while central
+    differences perturb `new`."""
+    frozen = new if frozen is None else frozen
+    anchor = old
     n_tokens = sum(sum(m) for m in mask)
     n_samples = sum(any(m) for m in mask)
+
+    def ratio(logprobs, i, t, loss_tokens):
+        if cfg.ratio_level == "sequence":
+            return math.exp(sum(logprobs[i][u] - anchor[i][u] for u in loss_tokens) / len(loss_tokens))
+        return math.exp(logprobs[i][t] - anchor[i][t])
+
     total = 0.0
     for i in range(len(new)):
         loss_tokens = [t for t, m in enumerate(mask[i]) if m]
         if not loss_tokens:
             continue
-        seq_ratio = math.exp(sum(new[i][t] - old[i][t] for t in loss_tokens) / len(loss_tokens))
         row = 0.0
         for t in loss_tokens:
-            r = seq_ratio if level == "sequence" else math.exp(new[i][t] - old[i][t])
-            a = adv[i]
-            if mode == "clip":
-                row += -min(r * a, min(max(r, 1 - LOW), 1 + HIGH) * a)
-            elif 1 - LOW <= r <= 1 + HIGH:
-                row += -r * a
+            r, a = ratio(new, i, t, loss_tokens), adv[i]
+            if cfg.ratio_mode == "clip":
+                g = -min(r * a, min(max(r, 1 - LOW), 1 + HIGH) * a)
+            elif cfg.ratio_mode == "mask":
+                g = -r * a if 1 - LOW <= r <= 1 + HIGH else 0.0
+            else:  # cispo
+                g = -min(max(ratio(frozen, i, t, loss_tokens), 1 - LOW), 1 + HIGH) * a * new[i][t]
+            row += g
             if ref is not None:
                 d = ref[i][t] - new[i][t]
-                row += kl_coef * (math.exp(d) - d - 1)
-        weight = {"token": 1 / n_tokens, "sequence": 1 / (len(loss_tokens) * n_samples), "constant": 1 / constant}
-        total += weight[norm] * row
+                row += cfg.kl_coef * (math.exp(d) - d - 1)
+        if cfg.norm == "token":
+            total += row / n_tokens
+        elif cfg.norm == "sequence":
+            total += row / (len(loss_tokens) * n_samples)
+        else:
+            assert cfg.norm_constant is not None
+            total += row / cfg.norm_constant
     return total
 
 
+def central_differences(f, table: list[list[float]], h: float = 1e-6) -> list[list[float]]:
+    """d f / d table[i][t] for every entry of `table`."""
+    grads = []
+    for i in range(len(table)):
+        grads.append([])
+        for t in range(len(table[i])):
+            up = [row[:] for row in table]
+            down = [row[:] for row in table]
+            up[i][t] += h
+            down[i][t] -= h
+            grads[i].append((f(up) - f(down)) / (2 * h))
+    return grads
+
+
+# The 24 variants of ratio level, mode, norm and KL penalty, and CISPO in each.
 VARIANTS = [
-    (level, mode, norm, kl)
+    {"ratio_level": level, "ratio_mode": mode, "norm": norm, "kl_coef": kl}
     for level in ("token", "sequence")
-    for mode in ("clip", "mask")
+    for mode in ("clip", "mask", "cispo")
     for norm in ("token", "sequence", "constant")
     for kl in (0.0, 0.3)
 ]
 
 
-@pytest.mark.parametrize(("level", "mode", "norm", "kl_coef"), VARIANTS)
-def test_policy_loss_and_its_gradient_match_a_direct_computation(level, mode, norm, kl_coef) -> None:
-    cfg = LossConfig(ratio_level=level, ratio_mode=mode, ratio_low=LOW, ratio_high=HIGH, norm=norm,
-                     norm_constant=40.0 if norm == "constant" else None, kl_coef=kl_coef)  # fmt: skip
-    ref = REF if kl_coef else None
+def loss_config(variant: dict) -> LossConfig:
+    constant = {"norm_constant": 40.0} if variant.get("norm") == "constant" else {}
+    return LossConfig(ratio_low=LOW, ratio_high=HIGH, **constant | variant)
+
+
+def variant_id(variant: dict) -> str:
+    return "-".join(f"{k}={v}" for k, v in variant.items())
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=variant_id)
+def test_policy_loss_and_its_gradient_match_a_direct_computation(variant: dict) -> None:
+    cfg = loss_config(variant)
+    ref = REF if cfg.kl_coef else None
 
     def expected(new: list[list[float]]) -> float:
-        return reference_loss(new, OLD, MASK, ADV, level=level, mode=mode, norm=norm, constant=40.0,
-                              ref=ref, kl_coef=kl_coef)  # fmt: skip
+        return reference_loss(new, OLD, MASK, ADV, cfg, frozen=NEW, ref=ref)
 
     samples = samples_with(OLD, MASK, ADV)
     batch = next(micro_batches(samples, size=len(samples), pad_id=0))
@@ -91,27 +134,21 @@ def test_policy_loss_and_its_gradient_match_a_direct_computation(level, mode, no
 
     # The gradient w.r.t. every logprob against central differences of the direct computation.
     loss.backward()
-    h = 1e-6
-    for i in range(len(NEW)):
-        for t in range(len(NEW[i])):
-            up = [row[:] for row in NEW]
-            down = [row[:] for row in NEW]
-            up[i][t] += h
-            down[i][t] -= h
-            numeric = (expected(up) - expected(down)) / (2 * h)
+    assert new.grad is not None
+    for i, row in enumerate(central_differences(expected, NEW)):
+        for t, numeric in enumerate(row):
             assert math.isclose(new.grad[i, t].item(), numeric, rel_tol=1e-5, abs_tol=1e-8), (i, t)
 
-    assert ("kl_to_base" in stats) == bool(kl_coef)
-    if kl_coef:
+    assert ("kl_to_base" in stats) == bool(cfg.kl_coef)
+    if cfg.kl_coef:
         k3 = [math.exp(r - n) - (r - n) - 1 for r, n in on_loss_tokens(REF, NEW)]
         assert math.isclose(stats["kl_to_base"].item(), sum(k3) / len(k3), rel_tol=1e-6)
 
 
-@pytest.mark.parametrize(("level", "mode", "norm", "kl_coef"), VARIANTS)
-def test_packed_rows_give_the_padded_loss_gradient_and_stats(level, mode, norm, kl_coef) -> None:
+@pytest.mark.parametrize("variant", VARIANTS, ids=variant_id)
+def test_packed_rows_give_the_padded_loss_gradient_and_stats(variant: dict) -> None:
     """The per-sample sums (sequence ratio, sequence norm) group a packed row's tokens by sample."""
-    cfg = LossConfig(ratio_level=level, ratio_mode=mode, ratio_low=LOW, ratio_high=HIGH, norm=norm,
-                     norm_constant=40.0 if norm == "constant" else None, kl_coef=kl_coef)  # fmt: skip
+    cfg = loss_config(variant)
     samples = samples_with(OLD, MASK, ADV)
     norm_ = LossNorm.for_step(cfg, samples)
     padded = next(micro_batches(samples, size=len(samples), pad_id=0))
@@ -131,7 +168,7 @@ def test_packed_rows_give_the_padded_loss_gradient_and_stats(level, mode, norm, 
 
     new = torch.tensor(NEW, dtype=torch.float64, requires_grad=True)
     new_packed = packed_like(NEW).requires_grad_()
-    ref, ref_packed = (torch.tensor(REF, dtype=torch.float64), packed_like(REF)) if kl_coef else (None, None)
+    ref, ref_packed = (torch.tensor(REF, dtype=torch.float64), packed_like(REF)) if cfg.kl_coef else (None, None)
     loss, stats = policy_loss(new, padded, cfg, norm_, ref)
     packed_loss, packed_stats = policy_loss(new_packed, packed, cfg, norm_, ref_packed)
     assert math.isclose(packed_loss.item(), loss.item(), rel_tol=1e-12)
@@ -144,12 +181,14 @@ def test_packed_rows_give_the_padded_loss_gradient_and_stats(level, mode, norm, 
     torch.testing.assert_close(new_packed.grad, packed_like(new.grad.tolist()).where(packed.loss_mask, 0.0))
 
 
-def test_ratio_stats_are_of_the_ratio_the_loss_uses() -> None:
+@pytest.mark.parametrize("mode", ["clip", "mask", "cispo"])
+def test_ratio_stats_are_of_the_ratio_the_loss_uses(mode: str) -> None:
+    """out_of_range_frac: the fraction of loss tokens clipped ("clip", "cispo") or masked."""
     batch = batch_with(OLD, MASK, ADV)
     new = torch.tensor(NEW)
     norm = LossNorm("token", 8)
-    _, per_token = policy_loss(new, batch, LossConfig(ratio_level="token"), norm)
-    _, per_sample = policy_loss(new, batch, LossConfig(ratio_level="sequence"), norm)
+    _, per_token = policy_loss(new, batch, LossConfig(ratio_level="token", ratio_mode=mode), norm)
+    _, per_sample = policy_loss(new, batch, LossConfig(ratio_level="sequence", ratio_mode=mode), norm)
     # 8 loss tokens. Per token, e^0.5 = 1.65 and e^-0.7 = 0.50 are out of [0.8, 1.28]; per sample, the
     # second (2 loss tokens) is.
     assert math.isclose(per_token["ratio/out_of_range_frac"].item(), 2 / 8, rel_tol=1e-6)
@@ -166,11 +205,17 @@ def test_ratio_stats_are_of_the_ratio_the_loss_uses() -> None:
         assert math.isclose(stats["mismatch/kl"].item(), sum(k3) / 8, rel_tol=1e-5)
 
 
+@pytest.mark.parametrize(
+    "extra",
+    [{}, {"ratio_mode": "cispo"}],
+    ids=variant_id,
+)  # fmt: skip
 @pytest.mark.parametrize("norm", ["token", "sequence", "constant"])
 @pytest.mark.parametrize("level", ["token", "sequence"])
-def test_micro_batch_losses_add_up_to_the_step_loss(norm: str, level: str) -> None:
+def test_micro_batch_losses_add_up_to_the_step_loss(norm: str, level: str, extra: dict) -> None:
     """Gradient accumulation: the step's normalizer is fixed before the micro-batches run."""
-    cfg = LossConfig(ratio_level=level, norm=norm, norm_constant=40.0 if norm == "constant" else None, kl_coef=0.1)
+    cfg = LossConfig(ratio_level=level, norm=norm, norm_constant=40.0 if norm == "constant" else None, kl_coef=0.1,
+                     **extra)  # fmt: skip
     samples = samples_with(OLD, MASK, ADV)
     step_norm = LossNorm.for_step(cfg, samples)
     new, ref = torch.tensor(NEW), torch.tensor(REF)

@@ -133,6 +133,11 @@ VARIANTS = [
     for norm in ("token", "sequence", "constant")
     for kl in (0.0, 0.3)
 ]
+# CISPO.
+VARIANTS += [
+    {"ratio_level": "token", "ratio_mode": "cispo", "norm": "token", "kl_coef": 0.0},
+    {"ratio_level": "sequence", "ratio_mode": "cispo", "norm": "sequence", "kl_coef": 0.3},
+]
 SEQ_LEN = 32
 
 
@@ -180,6 +185,8 @@ def test_packed_rows_give_the_loss_gradients_and_stats_of_padded_rows(loss: dict
         return RLConfig(model={"name": "tiny"}, seq_len=SEQ_LEN, trainer={"micro_batch_size": 2, "packing": packing,
                         "loss": loss | {"norm_constant": 200.0 if loss["norm"] == "constant" else None}})  # fmt: skip
 
+    cfg = config(True).trainer.loss
+
     packed = list(forward_passes(config(True), pad_id=0).split(samples))
     assert all(isinstance(b, PackedBatch) for b in packed)
     # Both temperatures, rows of several samples, the long sample in a row of its own.
@@ -189,9 +196,9 @@ def test_packed_rows_give_the_loss_gradients_and_stats_of_padded_rows(loss: dict
 
     unpacked_stats, unpacked_grads = step_loss_stats_and_grads(model, samples, config(False))
     packed_stats, packed_grads = step_loss_stats_and_grads(model, samples, config(True))
-    if loss["ratio_level"] == "token":
+    if cfg.ratio_level == "token":
         assert 0.05 < unpacked_stats["ratio/out_of_range_frac"] < 0.95
-    assert ("kl_to_base" in packed_stats) == (loss["kl_coef"] > 0)
+    assert ("kl_to_base" in packed_stats) == (cfg.kl_coef > 0)
     assert packed_stats.keys() == unpacked_stats.keys()
     for key, value in unpacked_stats.items():
         assert packed_stats[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
@@ -222,6 +229,7 @@ def rollouts_for(step: int) -> list[Rollout]:
     [
         {"kl_coef": 0.1, "norm": "sequence", "ratio_level": "sequence"},
         {"norm": "constant", "norm_constant": 64.0, "ratio_mode": "mask"},
+        {"ratio_mode": "cispo"},
     ],
 )
 def test_trainer_steps_on_written_rollouts_log_the_loss_metrics(tiny_model: Path, tmp_path: Path, loss: dict) -> None:

@@ -157,9 +157,11 @@ class LossConfig(Section):
     """What the importance ratio π_trainer / π_vLLM is taken of: "token": each token; "sequence": each
     sample, exp of the mean token log-ratio over its loss tokens (the geometric mean of GSPO, which uses
     a far narrower region, e.g. ratio_low 3e-4, ratio_high 4e-4)."""
-    ratio_mode: Literal["clip", "mask"] = "clip"
+    ratio_mode: Literal["clip", "mask", "cispo"] = "clip"
     """What happens to tokens or samples whose ratio leaves the trust region [1 - ratio_low, 1 + ratio_high]:
-    "clip": PPO-clipped; "mask": they carry no gradient."""
+    "clip": PPO-clipped; "mask": they carry no gradient; "cispo": CISPO (MiniMax-M1), each token's loss is
+    -sg(clip(ratio)) * A * log π_trainer, so clipped tokens keep a gradient, through log π_trainer, at a
+    capped weight without gradient (sg)."""
     ratio_low: float = Field(0.2, ge=0)
     """Lower width of the trust region: ratios below 1 - ratio_low are clipped or masked (ratio_mode)."""
     ratio_high: float = Field(0.28, ge=0)

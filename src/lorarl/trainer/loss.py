@@ -5,12 +5,16 @@ Logits are divided by the sampling temperature before the softmax, exactly as vL
 
 The loss of one step, over its samples i and their loss tokens t (`[trainer.loss]`):
 
-    L = sum_i w_i sum_t ( -f(r_it, A_i) + kl_coef * k3_it )
+    L = sum_i w_i sum_t ( g_it + kl_coef * k3_it )
 
+* g_it: the policy term, -f(r_it, A_i).
 * r_it: the importance ratio pi_trainer / pi_sampler of token t ("token"), or of sample i for all its
   tokens ("sequence": exp of the mean token log-ratio, the geometric mean of GSPO).
-* f: PPO's min(r A, clip(r, 1 - low, 1 + high) A) ("clip"), or r A where r is in that range and 0
-  elsewhere ("mask").
+* f: PPO's min(r A, clip(r, 1 - low, 1 + high) A) ("clip"); r A where r is in that range and 0
+  elsewhere ("mask"); sg(clip(r, 1 - low, 1 + high)) A log pi_trainer ("cispo"), sg meaning without
+  gradient, so a clipped token keeps the gradient of its log pi at a capped weight. CISPO as in the
+  MiniMax-M1 report (arXiv:2506.13585) and Tinker's "cispo" loss
+  (clipped_ratio.detach() * target_logprobs * advantages).
 * k3: exp(d) - d - 1 with d = log pi_base - log pi_trainer, the non-negative k3 estimator of
   KL(pi_trainer || pi_base) used by GRPO; pi_base is the model with its adapter disabled.
 * w_i: 1 / loss tokens of the step ("token"); 1 / (loss tokens of sample i * samples of the step)
@@ -115,6 +119,35 @@ def policy_loss(
     # Zero off the loss tokens, where old_logprobs holds placeholders, so that exp() stays finite there.
     token_log_ratio = (logprobs - batch.old_logprobs) * mask
     loss_tokens = _per_sample_sum(mask, batch)
+    weights = norm.sample_weights(loss_tokens)[batch.sample_index]
+    n = mask.sum().clamp(min=1)
+    with torch.no_grad():
+        token_ratio = torch.exp(token_log_ratio)
+        stats = {
+            "mismatch/logprob_abs_diff": token_log_ratio.abs().sum() / n,
+            # k3 estimator of KL(sampler || trainer), non-negative per token.
+            "mismatch/kl": ((token_ratio - 1 - token_log_ratio) * mask).sum() / n,
+        }
+    per_token, policy_stats = _builtin_policy_term(logprobs, token_log_ratio, loss_tokens, batch, cfg)
+    stats |= policy_stats
+    if ref_logprobs is not None:
+        d = (ref_logprobs - logprobs) * mask
+        kl = torch.exp(d) - d - 1
+        per_token = per_token + cfg.kl_coef * kl
+        stats["kl_to_base"] = (kl.detach() * mask).sum() / n
+    loss = (per_token * mask * weights).sum()
+    return loss, stats
+
+
+def _builtin_policy_term(
+    logprobs: torch.Tensor,
+    token_log_ratio: torch.Tensor,
+    loss_tokens: torch.Tensor,
+    batch: MicroBatch | PackedBatch,
+    cfg: LossConfig,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """-f(r_it, A_i) of each target, and the stats of the ratio."""
+    mask = batch.loss_mask.float()
     if cfg.ratio_level == "sequence":
         mean_log_ratio = _per_sample_sum(token_log_ratio, batch) / loss_tokens.clamp(min=1)
         ratio = torch.exp(mean_log_ratio)[batch.sample_index]
@@ -125,29 +158,19 @@ def policy_loss(
     out_of_range = ((ratio < low) | (ratio > high)).float()
     if cfg.ratio_mode == "clip":
         per_token = -torch.minimum(ratio * adv, ratio.clamp(low, high) * adv)
-    else:  # "mask": tokens (or samples) whose ratio left the trust region carry no gradient
+    elif cfg.ratio_mode == "mask":  # tokens (or samples) whose ratio left the trust region carry no gradient
         per_token = -ratio * adv * (1.0 - out_of_range)
-    if ref_logprobs is not None:
-        d = (ref_logprobs - logprobs) * mask
-        kl = torch.exp(d) - d - 1
-        per_token = per_token + cfg.kl_coef * kl
-    weights = norm.sample_weights(loss_tokens)[batch.sample_index]
-    loss = (per_token * mask * weights).sum()
+    else:  # "cispo": clipped tokens keep the gradient of log pi, at the clipped weight
+        per_token = -ratio.clamp(low, high).detach() * adv * logprobs
 
     with torch.no_grad():
         n = mask.sum().clamp(min=1)
-        token_ratio = torch.exp(token_log_ratio)
         stats = {
-            "mismatch/logprob_abs_diff": token_log_ratio.abs().sum() / n,
-            # k3 estimator of KL(sampler || trainer), non-negative per token.
-            "mismatch/kl": ((token_ratio - 1 - token_log_ratio) * mask).sum() / n,
             # Of the ratio the loss uses: per token, or its sample's for every token of the sample.
             "ratio/out_of_range_frac": (out_of_range * mask).sum() / n,
             "ratio/mean": (ratio * mask).sum() / n,
         }
-        if ref_logprobs is not None:
-            stats["kl_to_base"] = (kl * mask).sum() / n
-    return loss, stats
+    return per_token, stats
 
 
 def micro_batch_loss(
