@@ -7,6 +7,7 @@ from lorarl.config.models import LossConfig
 from lorarl.trainer.batching import TrainSample, micro_batches
 from lorarl.trainer.loss import (
     LossNorm,
+    micro_batch_loss,
     policy_loss,
     token_logprobs,
     token_logprobs_and_entropy,
@@ -23,6 +24,8 @@ REF = [[-0.7, -1.9, -0.6], [-0.9, -1.0, -2.5], [-0.8, -0.5, -1.0], [-0.3, -0.3, 
 MASK = [[True, True, True], [True, True, False], [True, True, True], [False, False, False]]
 ADV = [1.5, -0.7, 0.4, 2.0]
 LOW, HIGH = 0.2, 0.28
+# The policy's entropy at each target.
+ENT = [[0.9, 1.4, 0.2], [2.0, 0.7, 1.1], [0.5, 1.6, 0.8], [1.0, 1.0, 1.0]]
 
 
 def samples_with(old: list[list[float]], mask: list[list[bool]], advantages: list[float]) -> list[TrainSample]:
@@ -42,7 +45,7 @@ def on_loss_tokens(*tables: list[list[float]]) -> list[tuple[float, ...]]:
     return [v[:-1] for rows in zip(*tables, MASK, strict=True) for v in zip(*rows, strict=True) if v[-1]]
 
 
-def reference_loss(new, old, mask, adv, cfg: LossConfig, *, frozen=None, ref=None) -> float:
+def reference_loss(new, old, mask, adv, cfg: LossConfig, *, frozen=None, ref=None, ent=None) -> float:
     """The module docstring of loss.py, one token at a time, for the options of `cfg`. What the loss
     takes without gradient (CISPO's weight) comes from `frozen`: the unperturbed logprobs while central
     differences perturb `new`."""
@@ -74,6 +77,8 @@ def reference_loss(new, old, mask, adv, cfg: LossConfig, *, frozen=None, ref=Non
             if ref is not None:
                 d = ref[i][t] - new[i][t]
                 row += cfg.kl_coef * (math.exp(d) - d - 1)
+            if ent is not None:
+                row -= cfg.entropy_coef * ent[i][t]
         if cfg.norm == "token":
             total += row / n_tokens
         elif cfg.norm == "sequence":
@@ -98,7 +103,7 @@ def central_differences(f, table: list[list[float]], h: float = 1e-6) -> list[li
     return grads
 
 
-# The 24 variants of ratio level, mode, norm and KL penalty, and CISPO in each.
+# The 24 variants of ratio level, mode, norm and KL penalty; CISPO in each; and the entropy bonus.
 VARIANTS = [
     {"ratio_level": level, "ratio_mode": mode, "norm": norm, "kl_coef": kl}
     for level in ("token", "sequence")
@@ -106,6 +111,10 @@ VARIANTS = [
     for norm in ("token", "sequence", "constant")
     for kl in (0.0, 0.3)
 ]
+VARIANTS += [
+    *({"entropy_coef": 0.05, "norm": norm} for norm in ("token", "sequence", "constant")),
+    {"entropy_coef": 0.05, "ratio_mode": "cispo", "ratio_level": "sequence", "kl_coef": 0.3, "norm": "sequence"},
+]  # fmt: skip
 
 
 def loss_config(variant: dict) -> LossConfig:
@@ -121,23 +130,29 @@ def variant_id(variant: dict) -> str:
 def test_policy_loss_and_its_gradient_match_a_direct_computation(variant: dict) -> None:
     cfg = loss_config(variant)
     ref = REF if cfg.kl_coef else None
+    ent = ENT if cfg.entropy_coef else None
 
-    def expected(new: list[list[float]]) -> float:
-        return reference_loss(new, OLD, MASK, ADV, cfg, frozen=NEW, ref=ref)
+    def expected(new: list[list[float]], ent: list[list[float]] | None = ent) -> float:
+        return reference_loss(new, OLD, MASK, ADV, cfg, frozen=NEW, ref=ref, ent=ent)
 
     samples = samples_with(OLD, MASK, ADV)
     batch = next(micro_batches(samples, size=len(samples), pad_id=0))
     new = torch.tensor(NEW, dtype=torch.float64, requires_grad=True)
     ref_t = torch.tensor(REF, dtype=torch.float64) if ref else None
-    loss, stats = policy_loss(new, batch, cfg, LossNorm.for_step(cfg, samples), ref_t)
+    ent_t = torch.tensor(ENT, dtype=torch.float64, requires_grad=True) if ent else None
+    loss, stats = policy_loss(new, batch, cfg, LossNorm.for_step(cfg, samples), ref_t, ent_t)
     assert math.isclose(loss.item(), expected(NEW), rel_tol=1e-6)
 
-    # The gradient w.r.t. every logprob against central differences of the direct computation.
+    # The gradient w.r.t. every logprob (and entropy) against central differences of the direct computation.
     loss.backward()
     assert new.grad is not None
     for i, row in enumerate(central_differences(expected, NEW)):
         for t, numeric in enumerate(row):
             assert math.isclose(new.grad[i, t].item(), numeric, rel_tol=1e-5, abs_tol=1e-8), (i, t)
+    if ent_t is not None:
+        assert ent_t.grad is not None
+        numeric_ent = central_differences(lambda e: expected(NEW, e), ENT)
+        torch.testing.assert_close(ent_t.grad, torch.tensor(numeric_ent, dtype=torch.float64), rtol=1e-5, atol=1e-8)
 
     assert ("kl_to_base" in stats) == bool(cfg.kl_coef)
     if cfg.kl_coef:
@@ -169,8 +184,11 @@ def test_packed_rows_give_the_padded_loss_gradient_and_stats(variant: dict) -> N
     new = torch.tensor(NEW, dtype=torch.float64, requires_grad=True)
     new_packed = packed_like(NEW).requires_grad_()
     ref, ref_packed = (torch.tensor(REF, dtype=torch.float64), packed_like(REF)) if cfg.kl_coef else (None, None)
-    loss, stats = policy_loss(new, padded, cfg, norm_, ref)
-    packed_loss, packed_stats = policy_loss(new_packed, packed, cfg, norm_, ref_packed)
+    ent, ent_packed = None, None
+    if cfg.entropy_coef:
+        ent, ent_packed = torch.tensor(ENT, dtype=torch.float64, requires_grad=True), packed_like(ENT).requires_grad_()
+    loss, stats = policy_loss(new, padded, cfg, norm_, ref, ent)
+    packed_loss, packed_stats = policy_loss(new_packed, packed, cfg, norm_, ref_packed, ent_packed)
     assert math.isclose(packed_loss.item(), loss.item(), rel_tol=1e-12)
     assert stats.keys() == packed_stats.keys()
     for k, v in stats.items():
@@ -179,6 +197,9 @@ def test_packed_rows_give_the_padded_loss_gradient_and_stats(variant: dict) -> N
     packed_loss.backward()
     assert new.grad is not None and new_packed.grad is not None
     torch.testing.assert_close(new_packed.grad, packed_like(new.grad.tolist()).where(packed.loss_mask, 0.0))
+    if ent is not None and ent_packed is not None:
+        assert ent.grad is not None and ent_packed.grad is not None
+        torch.testing.assert_close(ent_packed.grad, packed_like(ent.grad.tolist()).where(packed.loss_mask, 0.0))
 
 
 @pytest.mark.parametrize("mode", ["clip", "mask", "cispo"])
@@ -207,7 +228,7 @@ def test_ratio_stats_are_of_the_ratio_the_loss_uses(mode: str) -> None:
 
 @pytest.mark.parametrize(
     "extra",
-    [{}, {"ratio_mode": "cispo"}],
+    [{}, {"ratio_mode": "cispo"}, {"entropy_coef": 0.1}],
     ids=variant_id,
 )  # fmt: skip
 @pytest.mark.parametrize("norm", ["token", "sequence", "constant"])
@@ -218,10 +239,10 @@ def test_micro_batch_losses_add_up_to_the_step_loss(norm: str, level: str, extra
                      **extra)  # fmt: skip
     samples = samples_with(OLD, MASK, ADV)
     step_norm = LossNorm.for_step(cfg, samples)
-    new, ref = torch.tensor(NEW), torch.tensor(REF)
-    whole, _ = policy_loss(new, next(micro_batches(samples, size=4, pad_id=0)), cfg, step_norm, ref)
+    new, ref, ent = torch.tensor(NEW), torch.tensor(REF), torch.tensor(ENT)
+    whole, _ = policy_loss(new, next(micro_batches(samples, size=4, pad_id=0)), cfg, step_norm, ref, ent)
     parts = [
-        policy_loss(new[i : i + 2], mb, cfg, step_norm, ref[i : i + 2])[0]
+        policy_loss(new[i : i + 2], mb, cfg, step_norm, ref[i : i + 2], ent[i : i + 2])[0]
         for i, mb in zip((0, 2), micro_batches(samples, size=2, pad_id=0), strict=True)
     ]
     assert math.isclose(sum(p.item() for p in parts), whole.item(), rel_tol=1e-6)
@@ -279,3 +300,59 @@ def test_entropy_is_of_the_tempered_next_token_distribution() -> None:
         expected = -sum(math.exp(x) / z * (x - math.log(z)) for x in logits)
         assert math.isclose(entropy[0, t].item(), expected, rel_tol=1e-5)
     assert not entropy.requires_grad
+
+
+def test_entropy_with_gradient_has_the_gradient_of_the_entropy() -> None:
+    """dH/dz_j = -p_j (log p_j + H) / T for the logits z of a distribution p = softmax(z / T)."""
+    model = BigramModel()
+    sample = TrainSample(input_ids=[3, 5, 7], loss_mask=[False, True, True], temperature=0.7)
+    mb = next(micro_batches([sample], size=1, pad_id=0))
+    _, entropy = token_logprobs_and_entropy(model, mb, with_grad=True)
+    entropy.sum().backward()
+    assert model.table.grad is not None
+    for prev in (3, 5):
+        p = torch.softmax(model.table[prev].detach() / 0.7, -1)
+        h = -(p * p.log()).sum()
+        torch.testing.assert_close(model.table.grad[prev], -p * (p.log() + h) / 0.7)
+    assert model.table.grad[[0, 1, 2, 4, 6, 7, 8, 9]].abs().sum() == 0
+
+
+def bigram_batch(model: BigramModel):
+    """Two samples of the bigram model's tokens, sampler logprobs its own plus noise (some clipped)."""
+    rng = torch.Generator().manual_seed(3)
+    samples = [
+        TrainSample(input_ids=ids, loss_mask=[False, *([True] * (len(ids) - 1))], old_logprobs=[0.0] * len(ids),
+                    advantage=adv, temperature=0.9)
+        for ids, adv in (([1, 4, 2, 8, 5, 7], 1.0), ([3, 3, 9, 0], -0.6))
+    ]  # fmt: skip
+    with torch.no_grad():
+        for s in samples:
+            policy = token_logprobs(model, next(micro_batches([s], size=1, pad_id=0)))[0]
+            s.old_logprobs = [0.0, *(policy + 0.3 * torch.randn(len(policy), generator=rng)).tolist()]
+    return samples, next(micro_batches(samples, size=2, pad_id=0))
+
+
+def loss_and_table_grad(model: BigramModel, batch, cfg: LossConfig, norm: LossNorm):
+    model.zero_grad()
+    loss, stats = micro_batch_loss(model, batch, cfg, norm)  # type: ignore[arg-type]  # no adapter needed
+    loss.backward()
+    assert model.table.grad is not None
+    return loss, stats, model.table.grad.clone()
+
+
+def test_the_entropy_bonus_subtracts_entropy_coef_times_the_mean_entropy() -> None:
+    model = BigramModel()
+    samples, batch = bigram_batch(model)
+    norm = LossNorm.for_step(LossConfig(), samples)  # token: the batch's 8 loss tokens
+    loss, stats, grad = loss_and_table_grad(model, batch, LossConfig(), norm)
+    bonus_loss, bonus_stats, bonus_grad = loss_and_table_grad(model, batch, LossConfig(entropy_coef=0.1), norm)
+    assert bonus_stats["entropy"].item() == stats["entropy"].item() > 0
+    assert math.isclose(bonus_loss.item(), loss.item() - 0.1 * stats["entropy"].item(), rel_tol=1e-6)
+    # The difference of the gradients is that of -0.1 * the mean entropy over the loss tokens.
+    model.zero_grad()
+    _, entropy = token_logprobs_and_entropy(model, batch, with_grad=True)
+    (-0.1 * (entropy * batch.loss_mask).sum() / 8).backward()
+    assert model.table.grad is not None and model.table.grad.abs().sum() > 0
+    torch.testing.assert_close(bonus_grad - grad, model.table.grad, rtol=1e-5, atol=1e-7)
+    with pytest.raises(ValueError, match="needs the entropy"):
+        policy_loss(torch.tensor(NEW), batch_with(OLD, MASK, ADV), LossConfig(entropy_coef=0.1), norm)

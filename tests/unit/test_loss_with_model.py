@@ -133,10 +133,12 @@ VARIANTS = [
     for norm in ("token", "sequence", "constant")
     for kl in (0.0, 0.3)
 ]
-# CISPO.
+# CISPO, and the entropy bonus (its gradient through the model).
 VARIANTS += [
     {"ratio_level": "token", "ratio_mode": "cispo", "norm": "token", "kl_coef": 0.0},
     {"ratio_level": "sequence", "ratio_mode": "cispo", "norm": "sequence", "kl_coef": 0.3},
+    {"entropy_coef": 0.1, "norm": "token"},
+    {"entropy_coef": 0.1, "ratio_mode": "cispo", "norm": "sequence", "kl_coef": 0.3},
 ]
 SEQ_LEN = 32
 
@@ -229,7 +231,7 @@ def rollouts_for(step: int) -> list[Rollout]:
     [
         {"kl_coef": 0.1, "norm": "sequence", "ratio_level": "sequence"},
         {"norm": "constant", "norm_constant": 64.0, "ratio_mode": "mask"},
-        {"ratio_mode": "cispo"},
+        {"ratio_mode": "cispo", "entropy_coef": 0.01},
     ],
 )
 def test_trainer_steps_on_written_rollouts_log_the_loss_metrics(tiny_model: Path, tmp_path: Path, loss: dict) -> None:

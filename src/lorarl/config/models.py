@@ -176,6 +176,10 @@ class LossConfig(Section):
     """Weight of a per-token KL penalty to the base model, the k3 estimator exp(d) - d - 1 with
     d = log π_base - log π_trainer, where π_base is the same weights with the adapter disabled. 0: no
     penalty; above 0 it costs one more forward per micro-batch and is logged as kl_to_base."""
+    entropy_coef: float = Field(0.0, ge=0)
+    """Weight of an entropy bonus: entropy_coef times the entropy of the policy at the sampling temperature
+    is subtracted from each loss token's loss, normalized as the policy term (norm). 0: no bonus; above 0
+    the entropy is computed with gradient, which keeps one more tokens x vocabulary tensor for the backward."""
 
     @model_validator(mode="after")
     def _constant_norm_has_its_constant(self) -> LossConfig:
@@ -222,7 +226,7 @@ class TrainerConfig(Section):
     scheduler: SchedulerConfig = SchedulerConfig()
     """The learning-rate schedule."""
     loss: LossConfig = LossConfig()
-    """The policy-gradient loss: importance ratio, trust region, normalization, KL penalty."""
+    """The policy-gradient loss: importance ratio, trust region, normalization, KL penalty, entropy bonus."""
     micro_batch_size: int = Field(16, ge=1)
     """Samples per forward/backward pass, or with packing rows of up to seq_len tokens (the same bound on
     tokens per pass); gradients accumulate over a step's passes."""

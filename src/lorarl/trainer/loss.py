@@ -5,7 +5,7 @@ Logits are divided by the sampling temperature before the softmax, exactly as vL
 
 The loss of one step, over its samples i and their loss tokens t (`[trainer.loss]`):
 
-    L = sum_i w_i sum_t ( g_it + kl_coef * k3_it )
+    L = sum_i w_i sum_t ( g_it + kl_coef * k3_it - entropy_coef * H_it )
 
 * g_it: the policy term, -f(r_it, A_i).
 * r_it: the importance ratio pi_trainer / pi_sampler of token t ("token"), or of sample i for all its
@@ -17,6 +17,7 @@ The loss of one step, over its samples i and their loss tokens t (`[trainer.loss
   (clipped_ratio.detach() * target_logprobs * advantages).
 * k3: exp(d) - d - 1 with d = log pi_base - log pi_trainer, the non-negative k3 estimator of
   KL(pi_trainer || pi_base) used by GRPO; pi_base is the model with its adapter disabled.
+* H_it: the entropy of the policy's next-token distribution at the sampling temperature.
 * w_i: 1 / loss tokens of the step ("token"); 1 / (loss tokens of sample i * samples of the step)
   ("sequence", GRPO); 1 / norm_constant ("constant", Dr. GRPO).
 
@@ -49,13 +50,16 @@ def token_logprobs(model: torch.nn.Module, batch: MicroBatch | PackedBatch) -> t
 
 
 def token_logprobs_and_entropy(
-    model: torch.nn.Module, batch: MicroBatch | PackedBatch
+    model: torch.nn.Module, batch: MicroBatch | PackedBatch, with_grad: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`token_logprobs`, and the entropy of each next-token distribution at the batch's temperature
-    (the distribution the sampler drew from), without gradient: [rows, T-1] each."""
+    (the distribution the sampler drew from), with gradient only if `with_grad`: [rows, T-1] each."""
     logprobs, targets = _tempered_logprobs(model, batch)
-    with torch.no_grad():
+    if with_grad:
         entropy = -(logprobs.exp() * logprobs).sum(-1)
+    else:
+        with torch.no_grad():
+            entropy = -(logprobs.exp() * logprobs).sum(-1)
     return _gather(logprobs, targets), entropy
 
 
@@ -111,10 +115,11 @@ def policy_loss(
     cfg: LossConfig,
     norm: LossNorm,
     ref_logprobs: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """This forward batch's share of the step loss (module docstring), and its stats as means over its
-    loss tokens. `logprobs` and `ref_logprobs` (the base model's: the KL penalty is added) are the
-    batch's per-target ones, [rows, T-1]."""
+    loss tokens. `logprobs`, `ref_logprobs` (the base model's: the KL penalty is added) and `entropy`
+    (with gradient, needed with entropy_coef > 0) are the batch's per-target ones, [rows, T-1]."""
     mask = batch.loss_mask.float()
     # Zero off the loss tokens, where old_logprobs holds placeholders, so that exp() stays finite there.
     token_log_ratio = (logprobs - batch.old_logprobs) * mask
@@ -135,6 +140,10 @@ def policy_loss(
         kl = torch.exp(d) - d - 1
         per_token = per_token + cfg.kl_coef * kl
         stats["kl_to_base"] = (kl.detach() * mask).sum() / n
+    if cfg.entropy_coef > 0:
+        if entropy is None:
+            raise ValueError("entropy_coef > 0 needs the entropy, with gradient (token_logprobs_and_entropy)")
+        per_token = per_token - cfg.entropy_coef * entropy
     loss = (per_token * mask * weights).sum()
     return loss, stats
 
@@ -178,14 +187,15 @@ def micro_batch_loss(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Forward one batch, padded or packed, and return `policy_loss` with the policy's mean entropy
     added to the stats. With kl_coef > 0 the base model scores the batch first, only then: it costs a
-    forward pass (of the same inputs and attention mask)."""
+    forward pass (of the same inputs and attention mask). With entropy_coef > 0 the entropy has a gradient."""
     ref_logprobs = None
     if cfg.kl_coef > 0:
         # The base model is the same weights with the adapter switched off: no second copy in memory.
         with torch.no_grad(), model.disable_adapter():
             ref_logprobs = token_logprobs(model, batch)
-    logprobs, entropy = token_logprobs_and_entropy(model, batch)
-    loss, stats = policy_loss(logprobs, batch, cfg, norm, ref_logprobs)
+    bonus = cfg.entropy_coef > 0
+    logprobs, entropy = token_logprobs_and_entropy(model, batch, with_grad=bonus)
+    loss, stats = policy_loss(logprobs, batch, cfg, norm, ref_logprobs, entropy if bonus else None)
     mask = batch.loss_mask.float()
-    stats["entropy"] = (entropy * mask).sum() / mask.sum().clamp(min=1)
+    stats["entropy"] = (entropy.detach() * mask).sum() / mask.sum().clamp(min=1)
     return loss, stats
