@@ -24,6 +24,9 @@ REF = [[-0.7, -1.9, -0.6], [-0.9, -1.0, -2.5], [-0.8, -0.5, -1.0], [-0.3, -0.3, 
 MASK = [[True, True, True], [True, True, False], [True, True, True], [False, False, False]]
 ADV = [1.5, -0.7, 0.4, 2.0]
 LOW, HIGH = 0.2, 0.28
+# Mismatch weights exp(NEW - OLD), token by token: only e^0.5 = 1.65 (of 8 loss tokens) is above CAP;
+# per sample (products): e^0.4 = 1.49 (3 loss tokens) is, e^-0.7 = 0.50 and e^0.1 = 1.11 are not.
+CAP = 1.3
 # The policy's entropy at each target.
 ENT = [[0.9, 1.4, 0.2], [2.0, 0.7, 1.1], [0.5, 1.6, 0.8], [1.0, 1.0, 1.0]]
 
@@ -46,11 +49,11 @@ def on_loss_tokens(*tables: list[list[float]]) -> list[tuple[float, ...]]:
 
 
 def reference_loss(new, old, mask, adv, cfg: LossConfig, *, frozen=None, ref=None, ent=None) -> float:
-    """The module docstring of loss.py, one token at a time, for the options of `cfg`. What the loss
-    takes without gradient (CISPO's weight) comes from `frozen`: the unperturbed logprobs while central
-    differences perturb `new`."""
+    """The module docstrings of loss.py and mismatch.py, one token at a time, for the options of `cfg`.
+    What the loss takes without gradient (CISPO's weight, pi_old and the mismatch weight) comes from
+    `frozen`: the unperturbed logprobs while central differences perturb `new`."""
     frozen = new if frozen is None else frozen
-    anchor = old
+    anchor = old if cfg.mismatch_correction == "none" else frozen  # pi_vLLM, or pi_old
     n_tokens = sum(sum(m) for m in mask)
     n_samples = sum(any(m) for m in mask)
 
@@ -73,7 +76,13 @@ def reference_loss(new, old, mask, adv, cfg: LossConfig, *, frozen=None, ref=Non
                 g = -r * a if 1 - LOW <= r <= 1 + HIGH else 0.0
             else:  # cispo
                 g = -min(max(ratio(frozen, i, t, loss_tokens), 1 - LOW), 1 + HIGH) * a * new[i][t]
-            row += g
+            if cfg.mismatch_level == "sequence":
+                w = math.exp(sum(frozen[i][u] - old[i][u] for u in loss_tokens))
+            else:
+                w = math.exp(frozen[i][t] - old[i][t])
+            cap = cfg.mismatch_cap
+            c = {"none": 1.0, "tis": min(w, cap), "mis": w if w <= cap else 0.0}[cfg.mismatch_correction]
+            row += c * g
             if ref is not None:
                 d = ref[i][t] - new[i][t]
                 row += cfg.kl_coef * (math.exp(d) - d - 1)
@@ -103,7 +112,9 @@ def central_differences(f, table: list[list[float]], h: float = 1e-6) -> list[li
     return grads
 
 
-# The 24 variants of ratio level, mode, norm and KL penalty; CISPO in each; and the entropy bonus.
+# The 24 variants of ratio level, mode, norm and KL penalty; CISPO in each; then the mismatch
+# corrections, under which the trust region's ratio is pi_trainer / pi_old whatever its level and mode;
+# and the entropy bonus.
 VARIANTS = [
     {"ratio_level": level, "ratio_mode": mode, "norm": norm, "kl_coef": kl}
     for level in ("token", "sequence")
@@ -112,8 +123,17 @@ VARIANTS = [
     for kl in (0.0, 0.3)
 ]
 VARIANTS += [
+    {"mismatch_correction": correction, "mismatch_level": level, "mismatch_cap": CAP, "norm": norm, "kl_coef": 0.3}
+    for correction in ("tis", "mis")
+    for level in ("token", "sequence")
+    for norm in ("token", "sequence", "constant")
+]
+VARIANTS += [
+    {"mismatch_correction": "tis", "mismatch_cap": CAP, "ratio_level": "sequence", "ratio_mode": "mask"},
+    {"mismatch_correction": "mis", "mismatch_level": "sequence", "mismatch_cap": CAP, "ratio_mode": "cispo"},
     *({"entropy_coef": 0.05, "norm": norm} for norm in ("token", "sequence", "constant")),
-    {"entropy_coef": 0.05, "ratio_mode": "cispo", "ratio_level": "sequence", "kl_coef": 0.3, "norm": "sequence"},
+    {"entropy_coef": 0.05, "ratio_mode": "cispo", "ratio_level": "sequence", "kl_coef": 0.3, "norm": "sequence",
+     "mismatch_correction": "tis", "mismatch_level": "sequence", "mismatch_cap": CAP},
 ]  # fmt: skip
 
 
@@ -158,11 +178,29 @@ def test_policy_loss_and_its_gradient_match_a_direct_computation(variant: dict) 
     if cfg.kl_coef:
         k3 = [math.exp(r - n) - (r - n) - 1 for r, n in on_loss_tokens(REF, NEW)]
         assert math.isclose(stats["kl_to_base"].item(), sum(k3) / len(k3), rel_tol=1e-6)
+    if cfg.mismatch_correction != "none":
+        # The trust region's ratio pi_trainer / pi_old is 1; the mismatch weights as in the comment at CAP.
+        assert stats["ratio/mean"].item() == 1.0 and stats["ratio/out_of_range_frac"].item() == 0.0
+        flagged = 1 / 8 if cfg.mismatch_level == "token" else 3 / 8
+        if cfg.mismatch_level == "token":
+            w = [math.exp(n - o) for n, o in on_loss_tokens(NEW, OLD)]
+        else:
+            w = [math.exp(0.4)] * 3 + [math.exp(-0.7)] * 2 + [math.exp(0.1)] * 3
+        if cfg.mismatch_correction == "tis":
+            assert math.isclose(stats["mismatch/capped_frac"].item(), flagged, rel_tol=1e-6)
+            applied = [min(x, CAP) for x in w]
+        else:
+            assert math.isclose(stats["mismatch/masked_frac"].item(), flagged, rel_tol=1e-6)
+            applied = [x if x <= CAP else 0.0 for x in w]
+        assert math.isclose(stats["mismatch/weight_mean"].item(), sum(applied) / 8, rel_tol=1e-6)
+    else:
+        assert not any(k.startswith(("mismatch/capped", "mismatch/masked", "mismatch/weight")) for k in stats)
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=variant_id)
 def test_packed_rows_give_the_padded_loss_gradient_and_stats(variant: dict) -> None:
-    """The per-sample sums (sequence ratio, sequence norm) group a packed row's tokens by sample."""
+    """The per-sample sums (sequence ratio, sequence norm, sequence mismatch weight) group a packed
+    row's tokens by sample."""
     cfg = loss_config(variant)
     samples = samples_with(OLD, MASK, ADV)
     norm_ = LossNorm.for_step(cfg, samples)
@@ -228,7 +266,8 @@ def test_ratio_stats_are_of_the_ratio_the_loss_uses(mode: str) -> None:
 
 @pytest.mark.parametrize(
     "extra",
-    [{}, {"ratio_mode": "cispo"}, {"entropy_coef": 0.1}],
+    [{}, {"ratio_mode": "cispo"}, {"mismatch_correction": "mis", "mismatch_level": "sequence", "mismatch_cap": CAP},
+     {"entropy_coef": 0.1}],
     ids=variant_id,
 )  # fmt: skip
 @pytest.mark.parametrize("norm", ["token", "sequence", "constant"])
@@ -356,3 +395,20 @@ def test_the_entropy_bonus_subtracts_entropy_coef_times_the_mean_entropy() -> No
     torch.testing.assert_close(bonus_grad - grad, model.table.grad, rtol=1e-5, atol=1e-7)
     with pytest.raises(ValueError, match="needs the entropy"):
         policy_loss(torch.tensor(NEW), batch_with(OLD, MASK, ADV), LossConfig(entropy_coef=0.1), norm)
+
+
+@pytest.mark.parametrize("correction", ["tis", "mis"])
+def test_a_sequence_mismatch_weight_beyond_float_range_is_capped_or_masked_not_infinite(correction: str) -> None:
+    """The product of 200 token weights e^1 is e^200, beyond float32; e^-200 underflows to 0."""
+    old = [[-3.0] * 200, [-1.0] * 200]
+    samples = samples_with(old, [[True] * 200] * 2, [1.0, 1.0])
+    batch = next(micro_batches(samples, size=2, pad_id=0))
+    new = torch.tensor([[-2.0] * 200, [-2.0] * 200], requires_grad=True)
+    cfg = LossConfig(mismatch_correction=correction, mismatch_level="sequence")
+    loss, stats = policy_loss(new, batch, cfg, LossNorm.for_step(cfg, samples))
+    loss.backward()
+    assert new.grad is not None and torch.isfinite(new.grad).all() and math.isfinite(loss.item())
+    # The first sample's weight is capped at 2 (tis) or masked (mis); the second's is 0 either way.
+    expected_first = -2.0 / 400 if correction == "tis" else 0.0
+    torch.testing.assert_close(new.grad, torch.tensor([[expected_first] * 200, [0.0] * 200]))
+    assert stats["mismatch/weight_mean"].item() == (1.0 if correction == "tis" else 0.0)

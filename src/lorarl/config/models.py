@@ -176,6 +176,19 @@ class LossConfig(Section):
     """Weight of a per-token KL penalty to the base model, the k3 estimator exp(d) - d - 1 with
     d = log π_base - log π_trainer, where π_base is the same weights with the adapter disabled. 0: no
     penalty; above 0 it costs one more forward per micro-batch and is logged as kl_to_base."""
+    mismatch_correction: Literal["none", "tis", "mis"] = "none"
+    """Importance sampling of the gap between the trainer and vLLM, apart from the trust region, by the
+    weight w = π_old / π_vLLM without gradient, where π_old is the trainer's policy before this step's
+    update (per token or per sample: mismatch_level). "tis": truncated IS, each token's policy loss times
+    min(w, mismatch_cap); "mis": masked IS, times w where w <= mismatch_cap and 0 above. The trust-region
+    ratio is then π_trainer / π_old, which is 1 at the trainer's one update per batch, so the trust
+    region no longer clips or masks. Logged as mismatch/capped_frac ("tis") or mismatch/masked_frac
+    ("mis") and mismatch/weight_mean. "none": the trust-region ratio is π_trainer / π_vLLM itself."""
+    mismatch_cap: float = Field(2.0, ge=1)
+    """The cap of mismatch_correction: weights w above it are truncated to it ("tis") or zeroed ("mis")."""
+    mismatch_level: Literal["token", "sequence"] = "token"
+    """What the mismatch weight w is taken of: "token": each token; "sequence": each sample, the product of
+    its loss tokens' weights (the sample's likelihood ratio, not GSPO's geometric mean), for all its tokens."""
     entropy_coef: float = Field(0.0, ge=0)
     """Weight of an entropy bonus: entropy_coef times the entropy of the policy at the sampling temperature
     is subtracted from each loss token's loss, normalized as the policy term (norm). 0: no bonus; above 0
@@ -226,7 +239,8 @@ class TrainerConfig(Section):
     scheduler: SchedulerConfig = SchedulerConfig()
     """The learning-rate schedule."""
     loss: LossConfig = LossConfig()
-    """The policy-gradient loss: importance ratio, trust region, normalization, KL penalty, entropy bonus."""
+    """The policy-gradient loss: importance ratio, trust region, normalization, KL penalty, trainer-vLLM
+    mismatch correction, entropy bonus."""
     micro_batch_size: int = Field(16, ge=1)
     """Samples per forward/backward pass, or with packing rows of up to seq_len tokens (the same bound on
     tokens per pass); gradients accumulate over a step's passes."""

@@ -5,16 +5,19 @@ Logits are divided by the sampling temperature before the softmax, exactly as vL
 
 The loss of one step, over its samples i and their loss tokens t (`[trainer.loss]`):
 
-    L = sum_i w_i sum_t ( g_it + kl_coef * k3_it - entropy_coef * H_it )
+    L = sum_i w_i sum_t ( c_it * g_it + kl_coef * k3_it - entropy_coef * H_it )
 
 * g_it: the policy term, -f(r_it, A_i).
-* r_it: the importance ratio pi_trainer / pi_sampler of token t ("token"), or of sample i for all its
-  tokens ("sequence": exp of the mean token log-ratio, the geometric mean of GSPO).
+* r_it: the importance ratio pi_trainer / pi_anchor of token t ("token"), or of sample i for all its
+  tokens ("sequence": exp of the mean token log-ratio, the geometric mean of GSPO). The anchor is the
+  sampler, pi_vLLM; with a mismatch correction it is the trainer before the update, pi_old.
 * f: PPO's min(r A, clip(r, 1 - low, 1 + high) A) ("clip"); r A where r is in that range and 0
   elsewhere ("mask"); sg(clip(r, 1 - low, 1 + high)) A log pi_trainer ("cispo"), sg meaning without
   gradient, so a clipped token keeps the gradient of its log pi at a capped weight. CISPO as in the
   MiniMax-M1 report (arXiv:2506.13585) and Tinker's "cispo" loss
   (clipped_ratio.detach() * target_logprobs * advantages).
+* c_it: 1, or the truncated or masked importance weight pi_old / pi_vLLM of `mismatch_correction`,
+  without gradient: mismatch.py, which says what it follows.
 * k3: exp(d) - d - 1 with d = log pi_base - log pi_trainer, the non-negative k3 estimator of
   KL(pi_trainer || pi_base) used by GRPO; pi_base is the model with its adapter disabled.
 * H_it: the entropy of the policy's next-token distribution at the sampling temperature.
@@ -37,6 +40,7 @@ import torch
 
 from lorarl.config.models import LossConfig
 from lorarl.trainer.batching import MicroBatch, TrainSample
+from lorarl.trainer.mismatch import mismatch_correction
 
 if TYPE_CHECKING:
     # For annotations only: packing.py imports this module, which computes its logprobs.
@@ -155,13 +159,17 @@ def _builtin_policy_term(
     batch: MicroBatch | PackedBatch,
     cfg: LossConfig,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """-f(r_it, A_i) of each target, and the stats of the ratio."""
+    """c_it * -f(r_it, A_i) of each target, and the stats of the ratio (and of c)."""
     mask = batch.loss_mask.float()
+    # With a mismatch correction, pi_trainer / pi_vLLM = (pi_trainer / pi_old) (pi_old / pi_vLLM): the
+    # trust region takes the first, 1 in value, and the correction c the second; neither counts twice.
+    anchored = cfg.mismatch_correction != "none"
+    log_ratio = (logprobs - logprobs.detach()) * mask if anchored else token_log_ratio
     if cfg.ratio_level == "sequence":
-        mean_log_ratio = _per_sample_sum(token_log_ratio, batch) / loss_tokens.clamp(min=1)
+        mean_log_ratio = _per_sample_sum(log_ratio, batch) / loss_tokens.clamp(min=1)
         ratio = torch.exp(mean_log_ratio)[batch.sample_index]
     else:
-        ratio = torch.exp(token_log_ratio)
+        ratio = torch.exp(log_ratio)
     adv = batch.token_advantages
     low, high = 1.0 - cfg.ratio_low, 1.0 + cfg.ratio_high
     out_of_range = ((ratio < low) | (ratio > high)).float()
@@ -179,6 +187,13 @@ def _builtin_policy_term(
             "ratio/out_of_range_frac": (out_of_range * mask).sum() / n,
             "ratio/mean": (ratio * mask).sum() / n,
         }
+    if anchored:
+        log_w = token_log_ratio.detach()  # log pi_old - log pi_vLLM
+        if cfg.mismatch_level == "sequence":
+            log_w = _per_sample_sum(log_w, batch)[batch.sample_index]
+        correction = mismatch_correction(log_w, cfg)
+        per_token = per_token * correction.weights
+        stats |= correction.stats(cfg, mask, n)
     return per_token, stats
 
 
