@@ -3,10 +3,13 @@ import math
 import pytest
 import torch
 
-from lorarl.config.models import LossConfig
+from lorarl.config.loader import ConfigError, load_config
+from lorarl.config.models import LossConfig, RLConfig
 from lorarl.trainer.batching import TrainSample, micro_batches
 from lorarl.trainer.loss import (
+    LossInputs,
     LossNorm,
+    load_loss_fn,
     micro_batch_loss,
     policy_loss,
     token_logprobs,
@@ -29,6 +32,8 @@ LOW, HIGH = 0.2, 0.28
 CAP = 1.3
 # The policy's entropy at each target.
 ENT = [[0.9, 1.4, 0.2], [2.0, 0.7, 1.1], [0.5, 1.6, 0.8], [1.0, 1.0, 1.0]]
+# The built-in token-level clip loss as a custom loss_fn (token_clip_loss below).
+CUSTOM_CLIP = "tests.unit.test_loss:token_clip_loss"
 
 
 def samples_with(old: list[list[float]], mask: list[list[bool]], advantages: list[float]) -> list[TrainSample]:
@@ -112,9 +117,26 @@ def central_differences(f, table: list[list[float]], h: float = 1e-6) -> list[li
     return grads
 
 
+def token_clip_loss(inputs: LossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The built-in token-level "clip" loss, written as a custom loss_fn."""
+    ratio = torch.exp((inputs.logprobs - inputs.sampler_logprobs) * inputs.loss_mask)
+    low, high = 1 - inputs.cfg.ratio_low, 1 + inputs.cfg.ratio_high
+    loss = -torch.minimum(ratio * inputs.advantages, ratio.clamp(low, high) * inputs.advantages)
+    clipped = ((ratio < low) | (ratio > high)) & inputs.loss_mask
+    return loss, {"clipped_frac": clipped.sum() / inputs.loss_mask.sum().clamp(min=1)}
+
+
+def scalar_loss(inputs: LossInputs) -> torch.Tensor:
+    return inputs.logprobs.sum()
+
+
+def per_token_metric(inputs: LossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    return -inputs.logprobs, {"logprobs": inputs.logprobs.detach()}
+
+
 # The 24 variants of ratio level, mode, norm and KL penalty; CISPO in each; then the mismatch
 # corrections, under which the trust region's ratio is pi_trainer / pi_old whatever its level and mode;
-# and the entropy bonus.
+# the entropy bonus; and a custom loss that is the built-in token-level clip loss.
 VARIANTS = [
     {"ratio_level": level, "ratio_mode": mode, "norm": norm, "kl_coef": kl}
     for level in ("token", "sequence")
@@ -134,6 +156,8 @@ VARIANTS += [
     *({"entropy_coef": 0.05, "norm": norm} for norm in ("token", "sequence", "constant")),
     {"entropy_coef": 0.05, "ratio_mode": "cispo", "ratio_level": "sequence", "kl_coef": 0.3, "norm": "sequence",
      "mismatch_correction": "tis", "mismatch_level": "sequence", "mismatch_cap": CAP},
+    *({"loss_fn": CUSTOM_CLIP, "norm": norm, "kl_coef": 0.3} for norm in ("token", "sequence", "constant")),
+    {"loss_fn": CUSTOM_CLIP, "entropy_coef": 0.05},
 ]  # fmt: skip
 
 
@@ -178,6 +202,7 @@ def test_policy_loss_and_its_gradient_match_a_direct_computation(variant: dict) 
     if cfg.kl_coef:
         k3 = [math.exp(r - n) - (r - n) - 1 for r, n in on_loss_tokens(REF, NEW)]
         assert math.isclose(stats["kl_to_base"].item(), sum(k3) / len(k3), rel_tol=1e-6)
+    assert ("ratio/mean" in stats) == (cfg.loss_fn is None)
     if cfg.mismatch_correction != "none":
         # The trust region's ratio pi_trainer / pi_old is 1; the mismatch weights as in the comment at CAP.
         assert stats["ratio/mean"].item() == 1.0 and stats["ratio/out_of_range_frac"].item() == 0.0
@@ -267,7 +292,7 @@ def test_ratio_stats_are_of_the_ratio_the_loss_uses(mode: str) -> None:
 @pytest.mark.parametrize(
     "extra",
     [{}, {"ratio_mode": "cispo"}, {"mismatch_correction": "mis", "mismatch_level": "sequence", "mismatch_cap": CAP},
-     {"entropy_coef": 0.1}],
+     {"entropy_coef": 0.1}, {"loss_fn": CUSTOM_CLIP}],
     ids=variant_id,
 )  # fmt: skip
 @pytest.mark.parametrize("norm", ["token", "sequence", "constant"])
@@ -395,6 +420,54 @@ def test_the_entropy_bonus_subtracts_entropy_coef_times_the_mean_entropy() -> No
     torch.testing.assert_close(bonus_grad - grad, model.table.grad, rtol=1e-5, atol=1e-7)
     with pytest.raises(ValueError, match="needs the entropy"):
         policy_loss(torch.tensor(NEW), batch_with(OLD, MASK, ADV), LossConfig(entropy_coef=0.1), norm)
+
+
+@pytest.mark.parametrize("norm", ["token", "sequence", "constant"])
+def test_a_custom_loss_that_is_the_clip_loss_gives_the_built_in_loss_and_gradients(norm: str) -> None:
+    model = BigramModel()
+    samples, batch = bigram_batch(model)
+    builtin = LossConfig(norm=norm, norm_constant=40.0 if norm == "constant" else None, kl_coef=0.0)
+    custom = builtin.model_copy(update={"loss_fn": CUSTOM_CLIP})
+    step_norm = LossNorm.for_step(builtin, samples)
+    loss, stats, grad = loss_and_table_grad(model, batch, builtin, step_norm)
+    custom_loss, custom_stats, custom_grad = loss_and_table_grad(model, batch, custom, step_norm)
+    assert 0 < stats["ratio/out_of_range_frac"].item() < 1
+    assert custom_loss.item() == loss.item()
+    assert torch.equal(custom_grad, grad) and grad.abs().sum() > 0
+    assert custom_stats["loss_fn/clipped_frac"].item() == stats["ratio/out_of_range_frac"].item()
+    # The built-in stats that are not of the built-in ratio are there still.
+    assert custom_stats.keys() == {"mismatch/logprob_abs_diff", "mismatch/kl", "loss_fn/clipped_frac", "entropy"}
+    for key in ("mismatch/logprob_abs_diff", "mismatch/kl", "entropy"):
+        assert custom_stats[key].item() == stats[key].item()
+
+
+def test_a_custom_loss_is_checked_where_it_is_loaded_and_where_it_returns() -> None:
+    assert load_loss_fn(CUSTOM_CLIP) is token_clip_loss
+    with pytest.raises(ImportError, match="loss_fn = 'tests.unit.no_such_module:f'"):
+        load_loss_fn("tests.unit.no_such_module:f")
+    with pytest.raises(ImportError, match="has no attribute 'no_such_loss'"):
+        load_loss_fn("tests.unit.test_loss:no_such_loss")
+    with pytest.raises(TypeError, match="is a float, not a function"):
+        load_loss_fn("tests.unit.test_loss:CAP")
+    batch, norm = batch_with(OLD, MASK, ADV), LossNorm("token", 8)
+    with pytest.raises(TypeError, match=r"returned \(\), not a per-token loss of shape \(4, 3\)"):
+        policy_loss(torch.tensor(NEW), batch, LossConfig(loss_fn="tests.unit.test_loss:scalar_loss"), norm)
+    with pytest.raises(TypeError, match=r"metrics \['logprobs'\] are not scalar tensors"):
+        policy_loss(torch.tensor(NEW), batch, LossConfig(loss_fn="tests.unit.test_loss:per_token_metric"), norm)
+
+
+@pytest.mark.parametrize("value", ["mypkg.losses", "mypkg.losses:", ":my_loss", "my pkg:loss", "mypkg:losses.my_loss"])
+def test_loss_fn_is_checked_for_the_module_function_form_at_config_load(value: str) -> None:
+    with pytest.raises(ConfigError, match="trainer.loss.loss_fn.*not of the form 'package.module:function'"):
+        load_config(RLConfig, ["--model.name", "m", "--trainer.loss.loss_fn", value])
+    # Only the form: the module is imported by the trainer, so a config may name one not importable here.
+    cfg = load_config(RLConfig, ["--model.name", "m", "--trainer.loss.loss_fn", "mypkg.losses:my_loss"])
+    assert cfg.trainer.loss.loss_fn == "mypkg.losses:my_loss"
+
+
+def test_a_custom_loss_does_not_take_a_mismatch_correction() -> None:
+    with pytest.raises(ValueError, match="would correct twice"):
+        LossConfig(loss_fn=CUSTOM_CLIP, mismatch_correction="tis")
 
 
 @pytest.mark.parametrize("correction", ["tis", "mis"])

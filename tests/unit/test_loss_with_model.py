@@ -134,7 +134,7 @@ VARIANTS = [
     for kl in (0.0, 0.3)
 ]
 # CISPO, the mismatch corrections (a cap of 1.3 that some token weights, of noise sd 0.25, pass), the
-# entropy bonus (its gradient through the model).
+# entropy bonus (its gradient through the model) and a custom loss (test_loss.token_clip_loss).
 VARIANTS += [
     {"ratio_level": "token", "ratio_mode": "cispo", "norm": "token", "kl_coef": 0.0},
     {"ratio_level": "sequence", "ratio_mode": "cispo", "norm": "sequence", "kl_coef": 0.3},
@@ -144,6 +144,7 @@ VARIANTS += [
     {"mismatch_correction": "mis", "mismatch_level": "sequence", "mismatch_cap": 1.3, "norm": "token", "kl_coef": 0.3},
     {"entropy_coef": 0.1, "norm": "token"},
     {"entropy_coef": 0.1, "ratio_mode": "cispo", "norm": "sequence", "kl_coef": 0.3},
+    {"loss_fn": "tests.unit.test_loss:token_clip_loss", "norm": "sequence", "kl_coef": 0.3},
 ]
 SEQ_LEN = 32
 
@@ -203,11 +204,13 @@ def test_packed_rows_give_the_loss_gradients_and_stats_of_padded_rows(loss: dict
 
     unpacked_stats, unpacked_grads = step_loss_stats_and_grads(model, samples, config(False))
     packed_stats, packed_grads = step_loss_stats_and_grads(model, samples, config(True))
-    if cfg.ratio_level == "token" and cfg.mismatch_correction == "none":
+    if cfg.ratio_level == "token" and cfg.mismatch_correction == "none" and cfg.loss_fn is None:
         assert 0.05 < unpacked_stats["ratio/out_of_range_frac"] < 0.95
     if cfg.mismatch_correction != "none":
         flagged = "mismatch/capped_frac" if cfg.mismatch_correction == "tis" else "mismatch/masked_frac"
         assert 0.05 < unpacked_stats[flagged] < 0.95
+    if cfg.loss_fn is not None:
+        assert 0.05 < unpacked_stats["loss_fn/clipped_frac"] < 0.95
     assert ("kl_to_base" in packed_stats) == (cfg.kl_coef > 0)
     assert packed_stats.keys() == unpacked_stats.keys()
     for key, value in unpacked_stats.items():

@@ -193,11 +193,33 @@ class LossConfig(Section):
     """Weight of an entropy bonus: entropy_coef times the entropy of the policy at the sampling temperature
     is subtracted from each loss token's loss, normalized as the policy term (norm). 0: no bonus; above 0
     the entropy is computed with gradient, which keeps one more tokens x vocabulary tensor for the backward."""
+    loss_fn: str | None = None
+    """A custom policy term, "package.module:function", imported by the trainer: a function of a
+    lorarl.trainer.loss.LossInputs (the forward batch's per-token trainer and vLLM logprobs, advantages,
+    loss mask, sample index, norm weights, and this section) returning the per-token loss, or it and a dict
+    of scalar metrics (means over the batch's loss tokens, logged as loss_fn/<name>). It replaces ratio and
+    trust region; lorarl still applies norm and adds the KL penalty and the entropy bonus. None: built-in."""
+
+    @field_validator("loss_fn", mode="after")
+    @classmethod
+    def _module_colon_function(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*", value):
+            raise ValueError(f"{value!r} is not of the form 'package.module:function'")
+        return value
 
     @model_validator(mode="after")
     def _constant_norm_has_its_constant(self) -> LossConfig:
         if self.norm == "constant" and self.norm_constant is None:
             raise ValueError('norm = "constant" needs norm_constant (e.g. batch_size * max_tokens)')
+        return self
+
+    @model_validator(mode="after")
+    def _custom_loss_does_its_own_correction(self) -> LossConfig:
+        if self.loss_fn is not None and self.mismatch_correction != "none":
+            raise ValueError(
+                f"loss_fn {self.loss_fn} gets the vLLM logprobs and corrects for them itself: "
+                f'mismatch_correction = "{self.mismatch_correction}" would correct twice; leave it "none"'
+            )
         return self
 
 
@@ -240,7 +262,7 @@ class TrainerConfig(Section):
     """The learning-rate schedule."""
     loss: LossConfig = LossConfig()
     """The policy-gradient loss: importance ratio, trust region, normalization, KL penalty, trainer-vLLM
-    mismatch correction, entropy bonus."""
+    mismatch correction, entropy bonus, or a custom loss."""
     micro_batch_size: int = Field(16, ge=1)
     """Samples per forward/backward pass, or with packing rows of up to seq_len tokens (the same bound on
     tokens per pass); gradients accumulate over a step's passes."""

@@ -7,7 +7,7 @@ The loss of one step, over its samples i and their loss tokens t (`[trainer.loss
 
     L = sum_i w_i sum_t ( c_it * g_it + kl_coef * k3_it - entropy_coef * H_it )
 
-* g_it: the policy term, -f(r_it, A_i).
+* g_it: the policy term, -f(r_it, A_i), or what a custom `loss_fn` returns (`LossFn`).
 * r_it: the importance ratio pi_trainer / pi_anchor of token t ("token"), or of sample i for all its
   tokens ("sequence": exp of the mean token log-ratio, the geometric mean of GSPO). The anchor is the
   sampler, pi_vLLM; with a mismatch correction it is the trainer before the update, pi_old.
@@ -31,9 +31,11 @@ A forward batch holds samples one per padded row (`MicroBatch`) or several per p
 
 from __future__ import annotations
 
+import functools
+import importlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, Protocol, cast
 
 import peft
 import torch
@@ -113,6 +115,47 @@ class LossNorm:
         return torch.full_like(loss_tokens, 1.0 / self.denominator)
 
 
+@dataclass(frozen=True)
+class LossInputs:
+    """What a custom `loss_fn` gets: the forward batch's per-target tensors, [rows, T-1] each, whether its
+    rows are padded (one sample each) or packed (several). Only the loss tokens (`loss_mask`) count."""
+
+    logprobs: torch.Tensor  # log pi_trainer at the sampling temperature, with gradient
+    sampler_logprobs: torch.Tensor  # log pi_vLLM, without gradient; placeholders off the loss tokens
+    advantages: torch.Tensor  # the advantage of each target's sample
+    loss_mask: torch.Tensor  # bool
+    # The sample of each target, 0 to num_samples - 1 across the batch: a sum over each sample's tokens
+    # is values.new_zeros(num_samples).index_add(0, sample_index.flatten(), values.flatten()).
+    sample_index: torch.Tensor
+    num_samples: int
+    # w_i of each target's sample (`LossNorm`): the step loss is sum(loss * loss_mask * sample_weights).
+    sample_weights: torch.Tensor
+    cfg: LossConfig  # the [trainer.loss] section: ratio_low, ratio_high, ... for the function to use
+
+
+class LossFn(Protocol):
+    """`[trainer.loss] loss_fn = "package.module:function"`: g_it of the module docstring, the policy
+    loss of each target [rows, T-1], or it and a dict of metrics. lorarl keeps it on the loss tokens,
+    multiplies it by `sample_weights` and sums it, adding the KL penalty and the entropy bonus. Metrics
+    are scalar tensors, means over the batch's loss tokens (the trainer weighs each micro-batch's by
+    its loss tokens), the same names at every call, logged as loss_fn/<name>."""
+
+    def __call__(self, inputs: LossInputs, /) -> torch.Tensor | tuple[torch.Tensor, dict[str, torch.Tensor]]: ...
+
+
+@functools.cache
+def load_loss_fn(spec: str) -> LossFn:
+    """The function "package.module:function" names (LossConfig checked the form), imported once."""
+    module_name, name = spec.split(":", 1)
+    try:
+        fn = getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError) as e:
+        raise ImportError(f"[trainer.loss] loss_fn = {spec!r}: {e}") from e
+    if not callable(fn):
+        raise TypeError(f"[trainer.loss] loss_fn = {spec!r} is a {type(fn).__name__}, not a function")
+    return cast(LossFn, fn)
+
+
 def policy_loss(
     logprobs: torch.Tensor,
     batch: MicroBatch | PackedBatch,
@@ -137,7 +180,10 @@ def policy_loss(
             # k3 estimator of KL(sampler || trainer), non-negative per token.
             "mismatch/kl": ((token_ratio - 1 - token_log_ratio) * mask).sum() / n,
         }
-    per_token, policy_stats = _builtin_policy_term(logprobs, token_log_ratio, loss_tokens, batch, cfg)
+    if cfg.loss_fn is None:
+        per_token, policy_stats = _builtin_policy_term(logprobs, token_log_ratio, loss_tokens, batch, cfg)
+    else:
+        per_token, policy_stats = _custom_policy_term(logprobs, weights, batch, cfg)
     stats |= policy_stats
     if ref_logprobs is not None:
         d = (ref_logprobs - logprobs) * mask
@@ -195,6 +241,24 @@ def _builtin_policy_term(
         per_token = per_token * correction.weights
         stats |= correction.stats(cfg, mask, n)
     return per_token, stats
+
+
+def _custom_policy_term(
+    logprobs: torch.Tensor, weights: torch.Tensor, batch: MicroBatch | PackedBatch, cfg: LossConfig
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """What `cfg.loss_fn` returns for this batch, checked, and its metrics as loss_fn/<name>."""
+    assert cfg.loss_fn is not None
+    inputs = LossInputs(logprobs, batch.old_logprobs, batch.token_advantages, batch.loss_mask,
+                        batch.sample_index, batch.num_samples, weights, cfg)  # fmt: skip
+    out = load_loss_fn(cfg.loss_fn)(inputs)
+    per_token, metrics = out if isinstance(out, tuple) else (out, {})
+    if not isinstance(per_token, torch.Tensor) or per_token.shape != logprobs.shape:
+        got = tuple(per_token.shape) if isinstance(per_token, torch.Tensor) else type(per_token).__name__
+        raise TypeError(f"loss_fn {cfg.loss_fn} returned {got}, not a per-token loss of shape {tuple(logprobs.shape)}")
+    if bad := [k for k, v in metrics.items() if not (isinstance(v, torch.Tensor) and v.numel() == 1)]:
+        raise TypeError(f"loss_fn {cfg.loss_fn}: metrics {bad} are not scalar tensors")
+    # Off the loss tokens whatever it computed there (a NaN times 0 would still be NaN).
+    return per_token.where(batch.loss_mask, 0.0), {f"loss_fn/{k}": v.detach().reshape(()) for k, v in metrics.items()}
 
 
 def micro_batch_loss(
