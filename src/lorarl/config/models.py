@@ -161,9 +161,11 @@ class LossConfig(Section):
     """What the importance ratio π_trainer / π_vLLM is taken of: "token": each token; "sequence": each
     sample, exp of the mean token log-ratio over its loss tokens (the geometric mean of GSPO, which uses
     a far narrower region, e.g. ratio_low 3e-4, ratio_high 4e-4)."""
-    ratio_mode: Literal["clip", "mask"] = "clip"
+    ratio_mode: Literal["clip", "mask", "cispo"] = "clip"
     """What happens to tokens or samples whose ratio leaves the trust region [1 - ratio_low, 1 + ratio_high]:
-    "clip": PPO-clipped; "mask": they carry no gradient."""
+    "clip": PPO-clipped; "mask": they carry no gradient; "cispo": CISPO (MiniMax-M1), each token's loss is
+    -sg(clip(ratio)) * A * log π_trainer, so clipped tokens keep a gradient, through log π_trainer, at a
+    capped weight without gradient (sg)."""
     ratio_low: float = Field(0.2, ge=0)
     """Lower width of the trust region: ratios below 1 - ratio_low are clipped or masked (ratio_mode)."""
     ratio_high: float = Field(0.28, ge=0)
@@ -178,11 +180,50 @@ class LossConfig(Section):
     """Weight of a per-token KL penalty to the base model, the k3 estimator exp(d) - d - 1 with
     d = log π_base - log π_trainer, where π_base is the same weights with the adapter disabled. 0: no
     penalty; above 0 it costs one more forward per micro-batch and is logged as kl_to_base."""
+    mismatch_correction: Literal["none", "tis", "mis"] = "none"
+    """Importance sampling of the gap between the trainer and vLLM, apart from the trust region, by the
+    weight w = π_old / π_vLLM without gradient, where π_old is the trainer's policy before this step's
+    update (per token or per sample: mismatch_level). "tis": truncated IS, each token's policy loss times
+    min(w, mismatch_cap); "mis": masked IS, times w where w <= mismatch_cap and 0 above. The trust-region
+    ratio is then π_trainer / π_old, which is 1 at the trainer's one update per batch, so the trust
+    region no longer clips or masks. Logged as mismatch/capped_frac ("tis") or mismatch/masked_frac
+    ("mis") and mismatch/weight_mean. "none": the trust-region ratio is π_trainer / π_vLLM itself."""
+    mismatch_cap: float = Field(2.0, ge=1)
+    """The cap of mismatch_correction: weights w above it are truncated to it ("tis") or zeroed ("mis")."""
+    mismatch_level: Literal["token", "sequence"] = "token"
+    """What the mismatch weight w is taken of: "token": each token; "sequence": each sample, the product of
+    its loss tokens' weights (the sample's likelihood ratio, not GSPO's geometric mean), for all its tokens."""
+    entropy_coef: float = Field(0.0, ge=0)
+    """Weight of an entropy bonus: entropy_coef times the entropy of the policy at the sampling temperature
+    is subtracted from each loss token's loss, normalized as the policy term (norm). 0: no bonus; above 0
+    the entropy is computed with gradient, which keeps one more tokens x vocabulary tensor for the backward."""
+    loss_fn: str | None = None
+    """A custom policy term, "package.module:function", imported by the trainer: a function of a
+    lorarl.trainer.loss.LossInputs (the forward batch's per-token trainer and vLLM logprobs, advantages,
+    loss mask, sample index, norm weights, and this section) returning the per-token loss, or it and a dict
+    of scalar metrics (means over the batch's loss tokens, logged as loss_fn/<name>). It replaces ratio and
+    trust region; lorarl still applies norm and adds the KL penalty and the entropy bonus. None: built-in."""
+
+    @field_validator("loss_fn", mode="after")
+    @classmethod
+    def _module_colon_function(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*", value):
+            raise ValueError(f"{value!r} is not of the form 'package.module:function'")
+        return value
 
     @model_validator(mode="after")
     def _constant_norm_has_its_constant(self) -> LossConfig:
         if self.norm == "constant" and self.norm_constant is None:
             raise ValueError('norm = "constant" needs norm_constant (e.g. batch_size * max_tokens)')
+        return self
+
+    @model_validator(mode="after")
+    def _custom_loss_does_its_own_correction(self) -> LossConfig:
+        if self.loss_fn is not None and self.mismatch_correction != "none":
+            raise ValueError(
+                f"loss_fn {self.loss_fn} gets the vLLM logprobs and corrects for them itself: "
+                f'mismatch_correction = "{self.mismatch_correction}" would correct twice; leave it "none"'
+            )
         return self
 
 
@@ -225,7 +266,8 @@ class TrainerConfig(Section):
     scheduler: SchedulerConfig = SchedulerConfig()
     """The learning-rate schedule."""
     loss: LossConfig = LossConfig()
-    """The policy-gradient loss: importance ratio, trust region, normalization, KL penalty."""
+    """The policy-gradient loss: importance ratio, trust region, normalization, KL penalty, trainer-vLLM
+    mismatch correction, entropy bonus, or a custom loss."""
     micro_batch_size: int = Field(16, ge=1)
     """Samples per forward/backward pass, or with packing rows of up to seq_len tokens (the same bound on
     tokens per pass); gradients accumulate over a step's passes."""

@@ -5,14 +5,22 @@ Logits are divided by the sampling temperature before the softmax, exactly as vL
 
 The loss of one step, over its samples i and their loss tokens t (`[trainer.loss]`):
 
-    L = sum_i w_i sum_t ( -f(r_it, A_i) + kl_coef * k3_it )
+    L = sum_i w_i sum_t ( c_it * g_it + kl_coef * k3_it - entropy_coef * H_it )
 
-* r_it: the importance ratio pi_trainer / pi_sampler of token t ("token"), or of sample i for all its
-  tokens ("sequence": exp of the mean token log-ratio, the geometric mean of GSPO).
-* f: PPO's min(r A, clip(r, 1 - low, 1 + high) A) ("clip"), or r A where r is in that range and 0
-  elsewhere ("mask").
+* g_it: the policy term, -f(r_it, A_i), or what a custom `loss_fn` returns (`LossFn`).
+* r_it: the importance ratio pi_trainer / pi_anchor of token t ("token"), or of sample i for all its
+  tokens ("sequence": exp of the mean token log-ratio, the geometric mean of GSPO). The anchor is the
+  sampler, pi_vLLM; with a mismatch correction it is the trainer before the update, pi_old.
+* f: PPO's min(r A, clip(r, 1 - low, 1 + high) A) ("clip"); r A where r is in that range and 0
+  elsewhere ("mask"); sg(clip(r, 1 - low, 1 + high)) A log pi_trainer ("cispo"), sg meaning without
+  gradient, so a clipped token keeps the gradient of its log pi at a capped weight. CISPO as in the
+  MiniMax-M1 report (arXiv:2506.13585) and Tinker's "cispo" loss
+  (clipped_ratio.detach() * target_logprobs * advantages).
+* c_it: 1, or the truncated or masked importance weight pi_old / pi_vLLM of `mismatch_correction`,
+  without gradient: mismatch.py, which says what it follows.
 * k3: exp(d) - d - 1 with d = log pi_base - log pi_trainer, the non-negative k3 estimator of
   KL(pi_trainer || pi_base) used by GRPO; pi_base is the model with its adapter disabled.
+* H_it: the entropy of the policy's next-token distribution at the sampling temperature.
 * w_i: 1 / loss tokens of the step ("token"); 1 / (loss tokens of sample i * samples of the step)
   ("sequence", GRPO); 1 / norm_constant ("constant", Dr. GRPO).
 
@@ -23,15 +31,18 @@ A forward batch holds samples one per padded row (`MicroBatch`) or several per p
 
 from __future__ import annotations
 
+import functools
+import importlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, Protocol, cast
 
 import peft
 import torch
 
 from lorarl.config.models import LossConfig
 from lorarl.trainer.batching import MicroBatch, TrainSample
+from lorarl.trainer.mismatch import mismatch_correction
 
 if TYPE_CHECKING:
     # For annotations only: packing.py imports this module, which computes its logprobs.
@@ -45,13 +56,16 @@ def token_logprobs(model: torch.nn.Module, batch: MicroBatch | PackedBatch) -> t
 
 
 def token_logprobs_and_entropy(
-    model: torch.nn.Module, batch: MicroBatch | PackedBatch
+    model: torch.nn.Module, batch: MicroBatch | PackedBatch, with_grad: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`token_logprobs`, and the entropy of each next-token distribution at the batch's temperature
-    (the distribution the sampler drew from), without gradient: [rows, T-1] each."""
+    (the distribution the sampler drew from), with gradient only if `with_grad`: [rows, T-1] each."""
     logprobs, targets = _tempered_logprobs(model, batch)
-    with torch.no_grad():
+    if with_grad:
         entropy = -(logprobs.exp() * logprobs).sum(-1)
+    else:
+        with torch.no_grad():
+            entropy = -(logprobs.exp() * logprobs).sum(-1)
     return _gather(logprobs, targets), entropy
 
 
@@ -101,53 +115,150 @@ class LossNorm:
         return torch.full_like(loss_tokens, 1.0 / self.denominator)
 
 
+@dataclass(frozen=True)
+class LossInputs:
+    """What a custom `loss_fn` gets: the forward batch's per-target tensors, [rows, T-1] each, whether its
+    rows are padded (one sample each) or packed (several). Only the loss tokens (`loss_mask`) count."""
+
+    logprobs: torch.Tensor  # log pi_trainer at the sampling temperature, with gradient
+    sampler_logprobs: torch.Tensor  # log pi_vLLM, without gradient; placeholders off the loss tokens
+    advantages: torch.Tensor  # the advantage of each target's sample
+    loss_mask: torch.Tensor  # bool
+    # The sample of each target, 0 to num_samples - 1 across the batch: a sum over each sample's tokens
+    # is values.new_zeros(num_samples).index_add(0, sample_index.flatten(), values.flatten()).
+    sample_index: torch.Tensor
+    num_samples: int
+    # w_i of each target's sample (`LossNorm`): the step loss is sum(loss * loss_mask * sample_weights).
+    sample_weights: torch.Tensor
+    cfg: LossConfig  # the [trainer.loss] section: ratio_low, ratio_high, ... for the function to use
+
+
+class LossFn(Protocol):
+    """`[trainer.loss] loss_fn = "package.module:function"`: g_it of the module docstring, the policy
+    loss of each target [rows, T-1], or it and a dict of metrics. lorarl keeps it on the loss tokens,
+    multiplies it by `sample_weights` and sums it, adding the KL penalty and the entropy bonus. Metrics
+    are scalar tensors, means over the batch's loss tokens (the trainer weighs each micro-batch's by
+    its loss tokens), the same names at every call, logged as loss_fn/<name>."""
+
+    def __call__(self, inputs: LossInputs, /) -> torch.Tensor | tuple[torch.Tensor, dict[str, torch.Tensor]]: ...
+
+
+@functools.cache
+def load_loss_fn(spec: str) -> LossFn:
+    """The function "package.module:function" names (LossConfig checked the form), imported once."""
+    module_name, name = spec.split(":", 1)
+    try:
+        fn = getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError) as e:
+        raise ImportError(f"[trainer.loss] loss_fn = {spec!r}: {e}") from e
+    if not callable(fn):
+        raise TypeError(f"[trainer.loss] loss_fn = {spec!r} is a {type(fn).__name__}, not a function")
+    return cast(LossFn, fn)
+
+
 def policy_loss(
     logprobs: torch.Tensor,
     batch: MicroBatch | PackedBatch,
     cfg: LossConfig,
     norm: LossNorm,
     ref_logprobs: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """This forward batch's share of the step loss (module docstring), and its stats as means over its
-    loss tokens. `logprobs` and `ref_logprobs` (the base model's: the KL penalty is added) are the
-    batch's per-target ones, [rows, T-1]."""
+    loss tokens. `logprobs`, `ref_logprobs` (the base model's: the KL penalty is added) and `entropy`
+    (with gradient, needed with entropy_coef > 0) are the batch's per-target ones, [rows, T-1]."""
     mask = batch.loss_mask.float()
     # Zero off the loss tokens, where old_logprobs holds placeholders, so that exp() stays finite there.
     token_log_ratio = (logprobs - batch.old_logprobs) * mask
     loss_tokens = _per_sample_sum(mask, batch)
-    if cfg.ratio_level == "sequence":
-        mean_log_ratio = _per_sample_sum(token_log_ratio, batch) / loss_tokens.clamp(min=1)
-        ratio = torch.exp(mean_log_ratio)[batch.sample_index]
-    else:
-        ratio = torch.exp(token_log_ratio)
-    adv = batch.token_advantages
-    low, high = 1.0 - cfg.ratio_low, 1.0 + cfg.ratio_high
-    out_of_range = ((ratio < low) | (ratio > high)).float()
-    if cfg.ratio_mode == "clip":
-        per_token = -torch.minimum(ratio * adv, ratio.clamp(low, high) * adv)
-    else:  # "mask": tokens (or samples) whose ratio left the trust region carry no gradient
-        per_token = -ratio * adv * (1.0 - out_of_range)
-    if ref_logprobs is not None:
-        d = (ref_logprobs - logprobs) * mask
-        kl = torch.exp(d) - d - 1
-        per_token = per_token + cfg.kl_coef * kl
     weights = norm.sample_weights(loss_tokens)[batch.sample_index]
-    loss = (per_token * mask * weights).sum()
-
+    n = mask.sum().clamp(min=1)
     with torch.no_grad():
-        n = mask.sum().clamp(min=1)
         token_ratio = torch.exp(token_log_ratio)
         stats = {
             "mismatch/logprob_abs_diff": token_log_ratio.abs().sum() / n,
             # k3 estimator of KL(sampler || trainer), non-negative per token.
             "mismatch/kl": ((token_ratio - 1 - token_log_ratio) * mask).sum() / n,
+        }
+    if cfg.loss_fn is None:
+        per_token, policy_stats = _builtin_policy_term(logprobs, token_log_ratio, loss_tokens, batch, cfg)
+    else:
+        per_token, policy_stats = _custom_policy_term(logprobs, weights, batch, cfg)
+    stats |= policy_stats
+    if ref_logprobs is not None:
+        d = (ref_logprobs - logprobs) * mask
+        kl = torch.exp(d) - d - 1
+        per_token = per_token + cfg.kl_coef * kl
+        stats["kl_to_base"] = (kl.detach() * mask).sum() / n
+    if cfg.entropy_coef > 0:
+        if entropy is None:
+            raise ValueError("entropy_coef > 0 needs the entropy, with gradient (token_logprobs_and_entropy)")
+        per_token = per_token - cfg.entropy_coef * entropy
+    loss = (per_token * mask * weights).sum()
+    return loss, stats
+
+
+def _builtin_policy_term(
+    logprobs: torch.Tensor,
+    token_log_ratio: torch.Tensor,
+    loss_tokens: torch.Tensor,
+    batch: MicroBatch | PackedBatch,
+    cfg: LossConfig,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """c_it * -f(r_it, A_i) of each target, and the stats of the ratio (and of c)."""
+    mask = batch.loss_mask.float()
+    # With a mismatch correction, pi_trainer / pi_vLLM = (pi_trainer / pi_old) (pi_old / pi_vLLM): the
+    # trust region takes the first, 1 in value, and the correction c the second; neither counts twice.
+    anchored = cfg.mismatch_correction != "none"
+    log_ratio = (logprobs - logprobs.detach()) * mask if anchored else token_log_ratio
+    if cfg.ratio_level == "sequence":
+        mean_log_ratio = _per_sample_sum(log_ratio, batch) / loss_tokens.clamp(min=1)
+        ratio = torch.exp(mean_log_ratio)[batch.sample_index]
+    else:
+        ratio = torch.exp(log_ratio)
+    adv = batch.token_advantages
+    low, high = 1.0 - cfg.ratio_low, 1.0 + cfg.ratio_high
+    out_of_range = ((ratio < low) | (ratio > high)).float()
+    if cfg.ratio_mode == "clip":
+        per_token = -torch.minimum(ratio * adv, ratio.clamp(low, high) * adv)
+    elif cfg.ratio_mode == "mask":  # tokens (or samples) whose ratio left the trust region carry no gradient
+        per_token = -ratio * adv * (1.0 - out_of_range)
+    else:  # "cispo": clipped tokens keep the gradient of log pi, at the clipped weight
+        per_token = -ratio.clamp(low, high).detach() * adv * logprobs
+
+    with torch.no_grad():
+        n = mask.sum().clamp(min=1)
+        stats = {
             # Of the ratio the loss uses: per token, or its sample's for every token of the sample.
             "ratio/out_of_range_frac": (out_of_range * mask).sum() / n,
             "ratio/mean": (ratio * mask).sum() / n,
         }
-        if ref_logprobs is not None:
-            stats["kl_to_base"] = (kl * mask).sum() / n
-    return loss, stats
+    if anchored:
+        log_w = token_log_ratio.detach()  # log pi_old - log pi_vLLM
+        if cfg.mismatch_level == "sequence":
+            log_w = _per_sample_sum(log_w, batch)[batch.sample_index]
+        correction = mismatch_correction(log_w, cfg)
+        per_token = per_token * correction.weights
+        stats |= correction.stats(cfg, mask, n)
+    return per_token, stats
+
+
+def _custom_policy_term(
+    logprobs: torch.Tensor, weights: torch.Tensor, batch: MicroBatch | PackedBatch, cfg: LossConfig
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """What `cfg.loss_fn` returns for this batch, checked, and its metrics as loss_fn/<name>."""
+    assert cfg.loss_fn is not None
+    inputs = LossInputs(logprobs, batch.old_logprobs, batch.token_advantages, batch.loss_mask,
+                        batch.sample_index, batch.num_samples, weights, cfg)  # fmt: skip
+    out = load_loss_fn(cfg.loss_fn)(inputs)
+    per_token, metrics = out if isinstance(out, tuple) else (out, {})
+    if not isinstance(per_token, torch.Tensor) or per_token.shape != logprobs.shape:
+        got = tuple(per_token.shape) if isinstance(per_token, torch.Tensor) else type(per_token).__name__
+        raise TypeError(f"loss_fn {cfg.loss_fn} returned {got}, not a per-token loss of shape {tuple(logprobs.shape)}")
+    if bad := [k for k, v in metrics.items() if not (isinstance(v, torch.Tensor) and v.numel() == 1)]:
+        raise TypeError(f"loss_fn {cfg.loss_fn}: metrics {bad} are not scalar tensors")
+    # Off the loss tokens whatever it computed there (a NaN times 0 would still be NaN).
+    return per_token.where(batch.loss_mask, 0.0), {f"loss_fn/{k}": v.detach().reshape(()) for k, v in metrics.items()}
 
 
 def micro_batch_loss(
@@ -155,14 +266,15 @@ def micro_batch_loss(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Forward one batch, padded or packed, and return `policy_loss` with the policy's mean entropy
     added to the stats. With kl_coef > 0 the base model scores the batch first, only then: it costs a
-    forward pass (of the same inputs and attention mask)."""
+    forward pass (of the same inputs and attention mask). With entropy_coef > 0 the entropy has a gradient."""
     ref_logprobs = None
     if cfg.kl_coef > 0:
         # The base model is the same weights with the adapter switched off: no second copy in memory.
         with torch.no_grad(), model.disable_adapter():
             ref_logprobs = token_logprobs(model, batch)
-    logprobs, entropy = token_logprobs_and_entropy(model, batch)
-    loss, stats = policy_loss(logprobs, batch, cfg, norm, ref_logprobs)
+    bonus = cfg.entropy_coef > 0
+    logprobs, entropy = token_logprobs_and_entropy(model, batch, with_grad=bonus)
+    loss, stats = policy_loss(logprobs, batch, cfg, norm, ref_logprobs, entropy if bonus else None)
     mask = batch.loss_mask.float()
-    stats["entropy"] = (entropy * mask).sum() / mask.sum().clamp(min=1)
+    stats["entropy"] = (entropy.detach() * mask).sum() / mask.sum().clamp(min=1)
     return loss, stats

@@ -134,6 +134,19 @@ VARIANTS = [
     for norm in ("token", "sequence", "constant")
     for kl in (0.0, 0.3)
 ]
+# CISPO, the mismatch corrections (a cap of 1.3 that some token weights, of noise sd 0.25, pass), the
+# entropy bonus (its gradient through the model) and a custom loss (test_loss.token_clip_loss).
+VARIANTS += [
+    {"ratio_level": "token", "ratio_mode": "cispo", "norm": "token", "kl_coef": 0.0},
+    {"ratio_level": "sequence", "ratio_mode": "cispo", "norm": "sequence", "kl_coef": 0.3},
+    {"mismatch_correction": "tis", "mismatch_level": "token", "mismatch_cap": 1.3, "norm": "token"},
+    {"mismatch_correction": "tis", "mismatch_level": "sequence", "mismatch_cap": 1.3, "norm": "sequence"},
+    {"mismatch_correction": "mis", "mismatch_level": "token", "mismatch_cap": 1.3, "norm": "constant"},
+    {"mismatch_correction": "mis", "mismatch_level": "sequence", "mismatch_cap": 1.3, "norm": "token", "kl_coef": 0.3},
+    {"entropy_coef": 0.1, "norm": "token"},
+    {"entropy_coef": 0.1, "ratio_mode": "cispo", "norm": "sequence", "kl_coef": 0.3},
+    {"loss_fn": "tests.unit.test_loss:token_clip_loss", "norm": "sequence", "kl_coef": 0.3},
+]
 SEQ_LEN = 32
 
 
@@ -181,6 +194,8 @@ def test_packed_rows_give_the_loss_gradients_and_stats_of_padded_rows(loss: dict
         return RLConfig(model={"name": "tiny"}, seq_len=SEQ_LEN, trainer={"micro_batch_size": 2, "packing": packing,
                         "loss": loss | {"norm_constant": 200.0 if loss["norm"] == "constant" else None}})  # fmt: skip
 
+    cfg = config(True).trainer.loss
+
     packed = list(forward_passes(config(True), pad_id=0).split(samples))
     assert all(isinstance(b, PackedBatch) for b in packed)
     # Both temperatures, rows of several samples, the long sample in a row of its own.
@@ -190,9 +205,14 @@ def test_packed_rows_give_the_loss_gradients_and_stats_of_padded_rows(loss: dict
 
     unpacked_stats, unpacked_grads = step_loss_stats_and_grads(model, samples, config(False))
     packed_stats, packed_grads = step_loss_stats_and_grads(model, samples, config(True))
-    if loss["ratio_level"] == "token":
+    if cfg.ratio_level == "token" and cfg.mismatch_correction == "none" and cfg.loss_fn is None:
         assert 0.05 < unpacked_stats["ratio/out_of_range_frac"] < 0.95
-    assert ("kl_to_base" in packed_stats) == (loss["kl_coef"] > 0)
+    if cfg.mismatch_correction != "none":
+        flagged = "mismatch/capped_frac" if cfg.mismatch_correction == "tis" else "mismatch/masked_frac"
+        assert 0.05 < unpacked_stats[flagged] < 0.95
+    if cfg.loss_fn is not None:
+        assert 0.05 < unpacked_stats["loss_fn/clipped_frac"] < 0.95
+    assert ("kl_to_base" in packed_stats) == (cfg.kl_coef > 0)
     assert packed_stats.keys() == unpacked_stats.keys()
     for key, value in unpacked_stats.items():
         assert packed_stats[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
@@ -223,6 +243,7 @@ def rollouts_for(step: int) -> list[Rollout]:
     [
         {"kl_coef": 0.1, "norm": "sequence", "ratio_level": "sequence"},
         {"norm": "constant", "norm_constant": 64.0, "ratio_mode": "mask"},
+        {"mismatch_correction": "tis", "mismatch_level": "sequence", "entropy_coef": 0.01},
     ],
 )
 def test_trainer_steps_on_written_rollouts_log_the_loss_metrics(tiny_model: Path, tmp_path: Path, loss: dict) -> None:
@@ -245,12 +266,14 @@ def test_trainer_steps_on_written_rollouts_log_the_loss_metrics(tiny_model: Path
         for row in rows:
             assert row["entropy"] > 0 and row["memory/peak_gib"] > 0 and math.isfinite(row["loss"])
             assert ("kl_to_base" in row) == ("kl_coef" in loss)
+            assert ("mismatch/capped_frac" in row) == ("mismatch/weight_mean" in row) == ("mismatch_correction" in loss)
         assert (run.broadcast(2) / "adapter_model.safetensors").is_file()
         runs[packing] = run, rows
 
     (packed_run, packed_rows), (run, rows) = runs[True], runs[False]
     for packed_row, row in zip(packed_rows, rows, strict=True):
-        for key in ("loss", "grad_norm", "entropy", "ratio/mean", "mismatch/logprob_abs_diff", "kl_to_base"):
+        for key in ("loss", "grad_norm", "entropy", "ratio/mean", "mismatch/logprob_abs_diff", "kl_to_base",
+                    "mismatch/capped_frac", "mismatch/weight_mean"):  # fmt: skip
             if key in row:
                 assert packed_row[key] == pytest.approx(row[key], rel=1e-5, abs=1e-7), key
     a = load_file(run.broadcast(2) / "adapter_model.safetensors")
