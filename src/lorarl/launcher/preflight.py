@@ -7,6 +7,7 @@ names the key and the value at fault.
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import socket
@@ -33,6 +34,7 @@ def check_rl(cfg: RLConfig, gpus: int) -> Placement:
     except ValueError as e:  # PlacementError too
         raise PreflightError(str(e)) from None
     check_environments(cfg)
+    check_loss_fn(cfg.trainer.loss.loss_fn)
     if not cfg.inference.urls:
         check_ports(cfg.inference.host, cfg.inference.port, cfg.inference.num_workers)
     return placement
@@ -73,13 +75,33 @@ def check_environments(cfg: RLConfig) -> None:
     up from the working directory, as the orchestrator (started there by `rl`) will."""
     if not cfg.orchestrator.env:
         raise PreflightError("[[orchestrator.env]]: no environment given")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # console scripts, unlike `python -m`, leave it out
+    _working_directory_importable()
     for i, env in enumerate(cfg.orchestrator.env):
         try:
             check_environment(env.id, env.args)
         except (ValueError, TypeError, ImportError, AttributeError) as e:
             raise PreflightError(f"orchestrator.env[{i}] id {env.id!r}: {e}") from None
+
+
+def check_loss_fn(spec: str | None) -> None:
+    """A custom loss (`trainer.loss.loss_fn`, "package.module:function") imports and is callable, so
+    that a typo stops `rl` now rather than the trainer at its first batch. Looked up from the working
+    directory, as the trainer (started there by `rl`) will."""
+    if spec is None:
+        return
+    _working_directory_importable()
+    module_name, name = spec.split(":", 1)
+    try:
+        fn = getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError) as e:
+        raise PreflightError(f"trainer.loss.loss_fn {spec!r}: {e}") from None
+    if not callable(fn):
+        raise PreflightError(f"trainer.loss.loss_fn {spec!r} is a {type(fn).__name__}, not a function")
+
+
+def _working_directory_importable() -> None:
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # console scripts, unlike `python -m`, leave it out
 
 
 def check_ports(host: str, port: int, count: int) -> None:

@@ -137,6 +137,12 @@ CASES: list[Case] = [
     ("rl", rl_args("--trainer.loss.norm", "constant"), "norm_constant"),
     ("rl", rl_args("--trainer.loss.kl_coef", "-1"), "trainer.loss.kl_coef"),
     ("rl", rl_args("--trainer.micro_batch_size", "0"), "trainer.micro_batch_size"),
+    (
+        "rl",
+        rl_args("--trainer.loss.loss_fn", "no_such_module:my_loss"),
+        "trainer.loss.loss_fn 'no_such_module:my_loss'",
+    ),
+    ("rl", rl_args("--trainer.loss.loss_fn", "os:sep"), "is a str, not a function"),
     ("rl", rl_args("--trainer.parallel.fsdp"), "needs dp >= 2"),
     ("rl", rl_args("--trainer.parallel.dp", "0"), "trainer.parallel.dp"),
     ("rl", rl_args("--trainer.ckpt.interval", "0"), "trainer.ckpt.interval"),

@@ -33,7 +33,7 @@ CAP = 1.3
 # The policy's entropy at each target.
 ENT = [[0.9, 1.4, 0.2], [2.0, 0.7, 1.1], [0.5, 1.6, 0.8], [1.0, 1.0, 1.0]]
 # The built-in token-level clip loss as a custom loss_fn (token_clip_loss below).
-CUSTOM_CLIP = "tests.unit.test_loss:token_clip_loss"
+CUSTOM_CLIP = "tests.unit.trainer.test_loss:token_clip_loss"
 
 
 def samples_with(old: list[list[float]], mask: list[list[bool]], advantages: list[float]) -> list[TrainSample]:
@@ -446,14 +446,14 @@ def test_a_custom_loss_is_checked_where_it_is_loaded_and_where_it_returns() -> N
     with pytest.raises(ImportError, match="loss_fn = 'tests.unit.no_such_module:f'"):
         load_loss_fn("tests.unit.no_such_module:f")
     with pytest.raises(ImportError, match="has no attribute 'no_such_loss'"):
-        load_loss_fn("tests.unit.test_loss:no_such_loss")
+        load_loss_fn("tests.unit.trainer.test_loss:no_such_loss")
     with pytest.raises(TypeError, match="is a float, not a function"):
-        load_loss_fn("tests.unit.test_loss:CAP")
+        load_loss_fn("tests.unit.trainer.test_loss:CAP")
     batch, norm = batch_with(OLD, MASK, ADV), LossNorm("token", 8)
     with pytest.raises(TypeError, match=r"returned \(\), not a per-token loss of shape \(4, 3\)"):
-        policy_loss(torch.tensor(NEW), batch, LossConfig(loss_fn="tests.unit.test_loss:scalar_loss"), norm)
+        policy_loss(torch.tensor(NEW), batch, LossConfig(loss_fn="tests.unit.trainer.test_loss:scalar_loss"), norm)
     with pytest.raises(TypeError, match=r"metrics \['logprobs'\] are not scalar tensors"):
-        policy_loss(torch.tensor(NEW), batch, LossConfig(loss_fn="tests.unit.test_loss:per_token_metric"), norm)
+        policy_loss(torch.tensor(NEW), batch, LossConfig(loss_fn="tests.unit.trainer.test_loss:per_token_metric"), norm)
 
 
 @pytest.mark.parametrize("value", ["mypkg.losses", "mypkg.losses:", ":my_loss", "my pkg:loss", "mypkg:losses.my_loss"])

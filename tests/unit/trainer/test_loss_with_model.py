@@ -145,7 +145,7 @@ VARIANTS += [
     {"mismatch_correction": "mis", "mismatch_level": "sequence", "mismatch_cap": 1.3, "norm": "token", "kl_coef": 0.3},
     {"entropy_coef": 0.1, "norm": "token"},
     {"entropy_coef": 0.1, "ratio_mode": "cispo", "norm": "sequence", "kl_coef": 0.3},
-    {"loss_fn": "tests.unit.test_loss:token_clip_loss", "norm": "sequence", "kl_coef": 0.3},
+    {"loss_fn": "tests.unit.trainer.test_loss:token_clip_loss", "norm": "sequence", "kl_coef": 0.3},
 ]
 SEQ_LEN = 32
 
