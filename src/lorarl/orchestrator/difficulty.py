@@ -68,15 +68,15 @@ class DifficultyFilter:
 
     def record(self, step: int, groups: list[Group]) -> None:
         """The groups of batch `step` (all of them, trained on or not) are attempts of their examples."""
-        # Every later draw is for a step > `step`, so it reads attempts up to at least this one;
-        # older attempts beyond the window can go.
-        oldest_read = step - self.max_async_level
+        # Every later draw is for a step > `step`, so it reads the attempts of batches up to
+        # `always_read` at least: of those, only the last `window` can still matter.
+        always_read = step - self.max_async_level
         for group in groups:
             key = example_key(group.env.name, group.example)
             attempts = self.attempts.pop(key, [])
             attempts.append((step, statistics.fmean(score["reward"] for score in group.scores)))
-            settled = [a for a in attempts if a[0] <= oldest_read][-self.cfg.window :]
-            self.attempts[key] = settled + [a for a in attempts if a[0] > oldest_read]
+            settled = [a for a in attempts if a[0] <= always_read][-self.cfg.window :]
+            self.attempts[key] = settled + [a for a in attempts if a[0] > always_read]
         while len(self.attempts) > self.cfg.capacity:
             self.attempts.popitem(last=False)
 
