@@ -25,7 +25,8 @@ def main() -> None:
     print(f"mean reward, first {w} steps: {statistics.fmean(rewards[:w]):.3f}")
     print(f"mean reward, last {w} steps:  {statistics.fmean(rewards[-w:]):.3f}")
     print(f"trainer step time (median): {statistics.median(r['time/step'] for r in trainer):.2f} s")
-    diffs = [r["mismatch/logprob_abs_diff"] for r in trainer if r["policy_lag/max"] == 0]
+    # A step with an empty batch (all groups had zero advantage) has no lag and no mismatch.
+    diffs = [r["mismatch/logprob_abs_diff"] for r in trainer if r.get("policy_lag/max") == 0]
     if diffs:
         print(f"on-policy |trainer - vLLM| logprob (max over steps): {max(diffs):.2e}")
 

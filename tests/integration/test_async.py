@@ -79,12 +79,13 @@ def test_continuous_batching_drops_a_straggler_once_too_old(tiny_model: Path, vl
     )
     assert result.returncode == 0, result.stderr[-3000:]
     run = tmp_path / "straggler"
+    orchestrator = {r["step"]: r for r in metrics(run) if r["component"] == "orchestrator"}
     for step in range(1, steps + 1):
         rows = [json.loads(line) for line in (run / "rollouts" / f"step_{step}" / "rollouts.jsonl").open()]
-        assert len(rows) == cfg["orchestrator"]["batch_size"]
+        # A full batch, less the groups whose rewards were all equal (skip_zero_advantage).
+        assert len(rows) == cfg["orchestrator"]["batch_size"] - orchestrator[step]["rollouts/skipped"]
         assert all(0 <= step - 1 - r["policy_version"] <= 1 for r in rows)
         assert not any(r["metrics"]["is_straggler"] for r in rows)
-    orchestrator = {r["step"]: r for r in metrics(run) if r["component"] == "orchestrator"}
     # Drawn for step 1 with version 0, it may still land in batch 2 (lag 1); at batch 3 it would lag 2.
     assert [orchestrator[s]["dropped/groups"] for s in range(1, steps + 1)] == [0, 0, 1, 0]
     assert orchestrator[3]["dropped/rollouts"] == cfg["orchestrator"]["rollouts_per_example"]

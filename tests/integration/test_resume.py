@@ -12,15 +12,18 @@ from tests.integration.helpers import metrics, rl_config, run_rl, write_config
 pytestmark = pytest.mark.integration
 
 
-def prompts(run: Path, step: int) -> list[list[int]]:
-    lines = (run / "rollouts" / f"step_{step}" / "rollouts.jsonl").read_text().splitlines()
-    return sorted(json.loads(line)["prompt_ids"] for line in lines)
+def examples(run: Path, step: int) -> list[str]:
+    """The example of every episode played for `step`: samples/ logs them all (num_samples_to_log 16),
+    also those of groups left out of the batch as zero-advantage."""
+    lines = (run / "samples" / f"step_{step}.jsonl").read_text().splitlines()
+    return sorted(json.loads(line)["messages"][1]["content"] for line in lines)
 
 
 def test_resume_continues_after_the_checkpoint(tiny_model: Path, vllm_server: str, tmp_path: Path) -> None:
     def config(name: str, max_steps: int) -> Path:
         cfg = rl_config(tiny_model, tmp_path, name, max_steps=max_steps, **{"inference.urls": [vllm_server]})
         cfg["trainer"]["ckpt"] = {"interval": 2}
+        cfg["orchestrator"]["num_samples_to_log"] = cfg["orchestrator"]["batch_size"]
         return write_config(cfg, tmp_path / f"{name}-{max_steps}.json")
 
     straight = run_rl(config("straight", 4))
@@ -36,7 +39,8 @@ def test_resume_continues_after_the_checkpoint(tiny_model: Path, vllm_server: st
         assert sorted(r["step"] for r in metrics(run) if r["component"] == component) == [1, 2, 3, 4]
     # The resumed orchestrator draws the examples the uninterrupted run drew for steps 3 and 4.
     for step in (3, 4):
-        assert prompts(run, step) == prompts(tmp_path / "straight", step)
+        assert examples(run, step) == examples(tmp_path / "straight", step)
+        assert len(examples(run, step)) == 16
     # It started from the checkpointed policy: the first version it sampled with is 2.
     versions = {json.loads(line)["policy_version"] for line in (run / "rollouts" / "step_3" / "rollouts.jsonl").open()}
     assert versions == {2}

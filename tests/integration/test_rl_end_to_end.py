@@ -84,13 +84,15 @@ def test_trainer_and_vllm_logprobs_agree(finished_run: dict) -> None:
 
 def test_rollout_batches_hold_what_the_trainer_needs(finished_run: dict) -> None:
     lines = (finished_run["run"] / "rollouts" / "step_1" / "rollouts.jsonl").read_text().splitlines()
-    assert len(lines) == 16
+    # 4 groups of 4, less those whose rewards were all equal (skip_zero_advantage, on by default).
+    step_1 = next(r for r in metrics(finished_run["run"]) if r["component"] == "orchestrator" and r["step"] == 1)
+    assert len(lines) == step_1["rollouts/trained"] == 16 - 4 * step_1["groups/zero_advantage"] > 0
     r = json.loads(lines[0])
     assert len(r["completion_ids"]) == len(r["completion_logprobs"]) > 0
     assert r["policy_version"] == 0 and r["temperature"] == 0.7
     # Advantages are group-normalized: they sum to ~0 in each group of 4.
     advantages = [json.loads(line)["advantage"] for line in lines]
-    for g in range(4):
+    for g in range(len(lines) // 4):
         assert abs(sum(advantages[4 * g : 4 * g + 4])) < 1e-4
 
 

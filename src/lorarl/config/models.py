@@ -310,10 +310,83 @@ class SamplingConfig(Section):
     hits it counts as truncated."""
 
 
+ADVANTAGE_FN = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
+
+
 class AdvantageConfig(Section):
-    std_normalize: bool = True
-    """Divide each rollout's advantage, its reward minus its group's mean, by the group's standard deviation
-    (plus 1e-6); false: the centered reward alone."""
+    estimator: Literal["grpo", "dr_grpo", "rloo"] = "grpo"
+    """How each rollout's (shaped) reward r_i becomes its advantage against the other rollouts of its group:
+    "grpo": (r_i - group mean) / (group std + 1e-6); "dr_grpo": r_i - group mean, unscaled (Dr. GRPO);
+    "rloo": r_i - the mean of the group's other rewards (leave-one-out). A group whose rewards are all equal
+    gets advantages of exactly 0 from each of them."""
+    fn: str | None = None
+    """Your own estimator in place of `estimator` (leave that at its default): "package.module:function",
+    called with the group's rewards (a list of floats) and, if it takes a second argument, the group's
+    episodes (`PlayedEpisode`s of lorarl.orchestrator.episodes: `.episode` with the messages and example,
+    `.model_tokens`, `.truncated`); it returns one finite advantage per reward. Imported when the
+    orchestrator starts. None: `estimator`."""
+    std_normalize: bool | None = None
+    """The older switch between the two group-mean estimators, still read: false makes estimator "grpo" into
+    "dr_grpo"; true keeps "grpo". None: estimator alone decides."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _std_normalize_picks_a_group_mean_estimator(cls, data: Any) -> Any:
+        if not (isinstance(data, dict) and data.get("std_normalize") is not None):
+            return data
+        estimator, normalize = data.get("estimator", "grpo"), bool(data["std_normalize"])
+        if data.get("fn") is not None or estimator not in ("grpo", "dr_grpo") or (normalize and estimator != "grpo"):
+            raise ValueError(
+                f"std_normalize = {str(normalize).lower()} does not go with "
+                + (f"fn = {data['fn']!r}" if data.get("fn") is not None else f'estimator = "{estimator}"')
+                + ': leave std_normalize out (it only picks between "grpo" and "dr_grpo")'
+            )
+        return {**data, "estimator": "grpo" if normalize else "dr_grpo"}
+
+    @model_validator(mode="after")
+    def _fn_is_module_colon_function(self) -> AdvantageConfig:
+        if self.fn is not None:
+            if not ADVANTAGE_FN.match(self.fn):
+                raise ValueError(f"fn {self.fn!r}: give 'package.module:function'")
+            if self.estimator != "grpo":
+                raise ValueError(f'fn replaces the estimator: set fn or estimator = "{self.estimator}", not both')
+        return self
+
+
+class OverlongConfig(Section):
+    mask_truncated: bool = False
+    """Give every truncated episode (its last model turn hit max_tokens) advantage 0, so it trains neither
+    way (DAPO's overlong filtering); the group's other advantages are computed as usual, its reward
+    included. Counted in `overlong/masked`. False: truncated episodes train like the others."""
+    buffer: int = Field(0, ge=0)
+    """Soft overlong penalty (DAPO's overlong reward shaping): an episode whose longest model turn runs
+    into the last `buffer` tokens before sampling.max_tokens loses penalty * (tokens into the buffer) /
+    buffer of reward, the full penalty when truncated. The estimator sees the shaped reward; `reward`
+    metrics stay the environment's, and the penalty is logged as `env/<env>/overlong_penalty`. 0: no
+    penalty."""
+    penalty: float = Field(1.0, ge=0)
+    """The reward an episode loses at max_tokens (with buffer > 0)."""
+
+
+class DifficultyFilterConfig(Section):
+    window: int = Field(2, ge=1)
+    """Attempts remembered per example (an attempt: one group of it; its pass rate: the group's mean
+    reward, the fraction solved when rewards are 0 or 1). An example is skipped once each of its last
+    `window` attempts was at or above max_pass, or each at or below min_pass."""
+    max_pass: float | None = 1.0
+    """Too easy: an example whose last `window` attempts all had a pass rate >= this is no longer drawn.
+    None: never skipped as too easy."""
+    min_pass: float | None = 0.0
+    """Too hard: an example whose last `window` attempts all had a pass rate <= this is no longer drawn.
+    None: never skipped as too hard."""
+    capacity: int = Field(100_000, ge=1)
+    """Examples remembered at most; the one attempted longest ago is forgotten first (and may be drawn again)."""
+
+    @model_validator(mode="after")
+    def _pass_range(self) -> DifficultyFilterConfig:
+        if self.min_pass is not None and self.max_pass is not None and self.min_pass >= self.max_pass:
+            raise ValueError(f"min_pass ({self.min_pass}) must be below max_pass ({self.max_pass})")
+        return self
 
 
 class EnvConfig(Section):
@@ -357,7 +430,35 @@ class OrchestratorConfig(Section):
     sampling: SamplingConfig = SamplingConfig()
     """How vLLM samples rollouts (evals too)."""
     advantage: AdvantageConfig = AdvantageConfig()
-    """How rewards become advantages: group-normalized, against the other rollouts of the same example."""
+    """How rewards become advantages, against the other rollouts of the same example."""
+    skip_zero_advantage: bool = True
+    """Leave groups whose advantages are all 0 (every rollout rewarded the same) out of the batch the trainer
+    gets: they carry no policy gradient, yet would cost a forward and backward pass. Counted in
+    `groups/zero_advantage` and `rollouts/skipped`. The loss is then normalized over the rollouts trained
+    on (with loss.norm = "constant" the gradient is the same; with kl_coef > 0 the skipped rollouts'
+    KL term is left out too). A step whose groups all have zero advantage gets an empty batch, and the
+    trainer changes no weight at that step. False: every group trains."""
+    fill_informative: bool = False
+    """Dynamic sampling (DAPO): when a step's groups have finished and some had zero advantage, draw that many
+    more groups for the step (from a second example stream, so the first stays as without it), and again,
+    until batch_size rollouts with non-zero advantage are in, or fill_max_draw_factor is reached; then the
+    batch goes out with what it has (`fill/bound_hit`). Extra groups play the newest policy, are counted in
+    `groups/extra_drawn`, and are drawn for the step being assembled only, so which examples a step trains
+    on does not depend on timing. Needs skip_zero_advantage. False: a step draws its
+    batch_size / rollouts_per_example groups only."""
+    fill_max_draw_factor: float = Field(3.0, ge=1)
+    """With fill_informative: a step draws at most this many times its batch_size / rollouts_per_example
+    groups in all, extra groups included (DAPO's max_num_gen_batches), so that a task the policy always
+    solves or always fails cannot hold the run up."""
+    difficulty_filter: DifficultyFilterConfig | None = None
+    """Online difficulty filtering: remember each example's recent pass rates (examples are told apart by
+    their environment and JSON) and stop drawing those solved, or failed, in every recent attempt; counted
+    per step in `difficulty/skipped_easy` and `difficulty/skipped_hard`. A group drawn for step N sees the
+    attempts of batches up to N - 1 - max_async_level, all of which are written before it is drawn, so the
+    examples do not depend on timing. After 1000 skips in a row the next example is taken anyway
+    (`difficulty/forced`). Absent: every example drawn is played."""
+    overlong: OverlongConfig = OverlongConfig()
+    """Episodes that run into max_tokens: masked from the loss, or their reward lowered near the limit."""
     env: list[EnvConfig] = [EnvConfig()]
     """The training environments, one [[orchestrator.env]] table each with keys id, weight and args (on the
     command line a JSON list of such objects); absent: one "reverse_text"."""
@@ -382,6 +483,20 @@ class OrchestratorConfig(Section):
                 f"batch_size ({self.batch_size}) must be a multiple of rollouts_per_example "
                 f"({self.rollouts_per_example})"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _fill_needs_skipping(self) -> OrchestratorConfig:
+        if self.fill_informative and not self.skip_zero_advantage:
+            raise ValueError("fill_informative fills the batch in place of the zero-advantage groups that "
+                             "skip_zero_advantage leaves out: set skip_zero_advantage = true too")  # fmt: skip
+        return self
+
+    @model_validator(mode="after")
+    def _overlong_buffer_fits(self) -> OrchestratorConfig:
+        if self.overlong.buffer > self.sampling.max_tokens:
+            raise ValueError(f"overlong.buffer ({self.overlong.buffer}) is longer than sampling.max_tokens "
+                             f"({self.sampling.max_tokens})")  # fmt: skip
         return self
 
     @model_validator(mode="after")

@@ -46,15 +46,17 @@ class BatchAssembler(Generic[G]):
         self._finished = kept
         return dropped
 
-    def take(self, step: int) -> list[G] | None:
-        """The groups of the batch for `step` once there are enough, else None."""
+    def take(self, step: int, n: int | None = None) -> list[G] | None:
+        """`n` groups (default groups_per_step) for the batch of `step` once there are enough, else
+        None. A step may take more than one round: extra groups drawn for it (filters.py)."""
+        n = self.groups_per_step if n is None else n
         if self.max_off_policy_steps is None:
-            chosen = [(s, g) for s, g in self._finished if s == step]
+            chosen = [(s, g) for s, g in self._finished if s == step][:n]
         else:
             # Oldest policy first (stable: finish order within a version), so that rolled-over
             # groups are used before they grow too old.
-            chosen = sorted(self._finished, key=lambda sg: sg[1].version)[: self.groups_per_step]
-        if len(chosen) < self.groups_per_step:
+            chosen = sorted(self._finished, key=lambda sg: sg[1].version)[:n]
+        if len(chosen) < n:
             return None
         taken = {id(g) for _, g in chosen}
         self._finished = [(s, g) for s, g in self._finished if id(g) not in taken]

@@ -40,6 +40,12 @@ class PlayedEpisode:
     samples: list[Sample]
     model_tokens: int
     truncated: bool  # the last model turn hit max_tokens
+    turn_tokens: list[int] = field(default_factory=list)  # model tokens of each turn
+
+    @property
+    def longest_turn(self) -> int:
+        """Model tokens of the longest turn (all of them when the turns were not recorded)."""
+        return max(self.turn_tokens, default=self.model_tokens)
 
 
 class EpisodeRunner:
@@ -66,7 +72,7 @@ class EpisodeRunner:
         episode = Episode(example, [*messages, {"role": "assistant", "content": completion.text}])
         sample = Sample(prompt_ids)
         sample.add(completion.token_ids, completion.logprobs)
-        samples, model_tokens = [sample], len(completion.token_ids)
+        samples, turn_tokens = [sample], [len(completion.token_ids)]
         for _ in range(env.max_turns - 1):
             reply = env.env_response(episode)
             if not reply:
@@ -83,9 +89,9 @@ class EpisodeRunner:
                 break  # no room left for another turn
             completion = (await self._complete(adapter, next_prompt, 1, env.name))[0]
             sample.add(completion.token_ids, completion.logprobs)
-            model_tokens += len(completion.token_ids)
+            turn_tokens.append(len(completion.token_ids))
             episode.messages.append({"role": "assistant", "content": completion.text})
-        return PlayedEpisode(episode, samples, model_tokens, completion.finish_reason == "length")
+        return PlayedEpisode(episode, samples, sum(turn_tokens), completion.finish_reason == "length", turn_tokens)
 
     async def _complete(self, adapter: str, prompt_ids: list[int], n: int, env_name: str) -> list[Completion]:
         room = self.seq_len - len(prompt_ids)

@@ -4,12 +4,16 @@ Rollouts are sampled in groups (`rollouts_per_example` episodes of one example).
 drawn for one trainer step N and launched as soon as the newest loaded policy v may be used for
 it, i.e. policy_lag(N, v) <= max_async_level: with 0 the orchestrator waits for the trainer
 before each batch; with more it samples ahead while the trainer trains, keeping vLLM busy.
-Finished groups are assembled into batches (`BatchAssembler`: by default the groups drawn for N;
-with `max_off_policy_steps` the first to finish, dropping those grown too old); each batch's
-rewards become group-normalized advantages and it is written to rollouts/step_N for the trainer.
+Each finished group gets its advantages (`GroupAdvantages`: the estimator, overlong shaping and
+masking) and goes to the batch assembler (`BatchAssembler`: by default the groups drawn for N; with
+`max_off_policy_steps` the first to finish, dropping those grown too old). The step filter
+(`StepFilter`) leaves groups with zero advantage out of the batch and, with `fill_informative`, draws
+extra groups for the step in their place; the batch is written to rollouts/step_N for the trainer.
+With a difficulty filter, draws pass over examples recently always solved or always failed.
 
-The loop's state is the class's attributes; its helpers (rollout conversion, batch metrics,
-samples, checkpoint) live in modules of their own beside it and know nothing of the class.
+The loop's state is the class's attributes; its helpers (advantages, filters, difficulty memory,
+rollout conversion, batch metrics, samples, checkpoint) live in modules of their own beside it and
+know nothing of the class.
 """
 
 from __future__ import annotations
@@ -27,14 +31,18 @@ from lorarl.inference.pool import WorkerPool
 from lorarl.inference.server import worker_urls
 from lorarl.monitor.metrics import MetricsLogger
 from lorarl.orchestrator.adapters import AdapterWatcher
+from lorarl.orchestrator.advantages import GroupAdvantages
 from lorarl.orchestrator.batch_assembly import BatchAssembler
 from lorarl.orchestrator.batch_metrics import StepCounters, batch_metrics
-from lorarl.orchestrator.checkpoint import SamplerCheckpoints
+from lorarl.orchestrator.checkpoint import SamplerCheckpoints, Stateful
+from lorarl.orchestrator.difficulty import DifficultyFilter
 from lorarl.orchestrator.envs import load_environment
 from lorarl.orchestrator.envs.base import Environment, Example
 from lorarl.orchestrator.episodes import EpisodeRunner
 from lorarl.orchestrator.evals import Evaluator
+from lorarl.orchestrator.filters import StepBatch, StepFilter
 from lorarl.orchestrator.groups import Group
+from lorarl.orchestrator.overlong import overlong_metrics
 from lorarl.orchestrator.rollout_conversion import to_rollouts
 from lorarl.orchestrator.sampler import ExampleSampler
 from lorarl.orchestrator.samples import write_samples
@@ -74,8 +82,17 @@ class Orchestrator:
         self.run_folder = RunFolder(cfg.run_dir).create()
         self.metrics = MetricsLogger(self.run_folder.metrics, "orchestrator", cfg.monitor, cfg.run_name)
         envs = [load_environment(e.id, e.args) for e in self.ocfg.env]
-        self.sampler = ExampleSampler(envs, [e.weight for e in self.ocfg.env], self.ocfg.seed)
-        self.checkpoints = SamplerCheckpoints(self.run_folder, self.sampler, cfg.trainer.ckpt.interval)
+        weights = [e.weight for e in self.ocfg.env]
+        self.sampler = ExampleSampler(envs, weights, self.ocfg.seed)
+        # Extra groups (fill_informative) come from a stream of their own: the first stays as without them.
+        self.extra_sampler = (
+            ExampleSampler(envs, weights, f"{self.ocfg.seed}:extra") if self.ocfg.fill_informative else None
+        )
+        difficulty = self.ocfg.difficulty_filter
+        self.difficulty = DifficultyFilter(difficulty, self.ocfg.max_async_level) if difficulty else None
+        parts = {"extra_sampler": self.extra_sampler, "difficulty": self.difficulty}
+        at_batch: dict[str, Stateful] = {name: part for name, part in parts.items() if part is not None}
+        self.checkpoints = SamplerCheckpoints(self.run_folder, self.sampler, cfg.trainer.ckpt.interval, at_batch)
         self.step = 1  # the trainer step whose batch comes next
         if cfg.resume is not None:  # continue after the trainer's checkpoint, with the same examples
             self.step = self.run_folder.resume_step(cfg.resume.step) + 1
@@ -86,7 +103,9 @@ class Orchestrator:
             pool, self.run_folder, cfg.run_name, delete_unloaded=self.ocfg.delete_old_broadcasts
         )
         self.groups_per_step = self.ocfg.batch_size // self.ocfg.rollouts_per_example
+        self.advantages = GroupAdvantages(self.ocfg)  # imports advantage.fn, if any, now: errors show at start
         self.assembler: BatchAssembler[Group] = BatchAssembler(self.groups_per_step, self.ocfg.max_off_policy_steps)
+        self.filter = StepFilter.for_config(self.ocfg, self.groups_per_step)
         self.in_flight: dict[asyncio.Task[Group], tuple[int, int]] = {}  # -> (step it was drawn for, version)
         # Groups launched and not dropped: the first groups_per_step are for step 1, and so on.
         self.live_groups = (self.step - 1) * self.groups_per_step
@@ -106,8 +125,8 @@ class Orchestrator:
                 await self.refresh_policy()
                 self.launch_due_groups()
                 await self.drop_stale_groups()
-                if (groups := self.assembler.take(self.step)) is not None:
-                    self.write_batch(groups)
+                if (batch := self.next_batch()) is not None:
+                    self.write_batch(batch)
                 elif self.in_flight:
                     await self.collect_finished_groups()
                 else:
@@ -126,13 +145,20 @@ class Orchestrator:
     def launch_due_groups(self) -> None:
         """Launch every group whose step may use the newest policy (its lag within max_async_level)."""
         while (step := self.live_groups // self.groups_per_step + 1) <= self.cfg.max_steps and self.may_sample(step):
-            env, example = self.sampler.draw()
-            version, _ = self.watcher.acquire()
-            task = asyncio.create_task(self.play_group(env, example, self.ocfg.rollouts_per_example, version))
-            self.in_flight[task] = (step, version)
+            self.launch(*self.draw(self.sampler, step), step)
             self.live_groups += 1
             if self.live_groups % self.groups_per_step == 0:
                 self.checkpoints.step_drawn(step)
+
+    def draw(self, sampler: ExampleSampler, step: int) -> tuple[Environment, Example]:
+        """The next example of `sampler` for a group of `step`, past those the difficulty filter skips."""
+        return sampler.draw() if self.difficulty is None else self.difficulty.draw(sampler, step)
+
+    def launch(self, env: Environment, example: Example, step: int) -> None:
+        """Start a group of `example` for `step` with the newest policy."""
+        version, _ = self.watcher.acquire()
+        task = asyncio.create_task(self.play_group(env, example, self.ocfg.rollouts_per_example, version))
+        self.in_flight[task] = (step, version)
 
     def may_sample(self, step: int) -> bool:
         """Whether the newest loaded policy is recent enough for a group of `step`."""
@@ -158,17 +184,33 @@ class Orchestrator:
         self.live_groups -= dropped
         self.counters.dropped_groups += dropped
 
-    def write_batch(self, groups: list[Group]) -> None:
+    def next_batch(self) -> StepBatch | None:
+        """The batch of this step once its groups are in, or None: still running, or (fill_informative)
+        short of informative groups, in which case extra ones are drawn for it."""
+        if (groups := self.assembler.take(self.step, self.filter.wanted)) is None:
+            return None
+        self.filter.add(groups)
+        if extra := self.filter.extra_to_draw():
+            assert self.extra_sampler is not None  # fill_informative made one
+            self.filter.drawing(extra)
+            for _ in range(extra):
+                self.launch(*self.draw(self.extra_sampler, self.step), self.step)
+            return None
+        return self.filter.finish()
+
+    def write_batch(self, batch: StepBatch) -> None:
         """Hand the trainer this step's batch (with its checkpoint, samples and metrics); next step."""
-        rollouts = to_rollouts(groups, self.ocfg.advantage.std_normalize, self.ocfg.sampling.temperature)
+        rollouts = to_rollouts(batch.trained, self.ocfg.sampling.temperature)
+        if self.difficulty is not None:  # every group played is an attempt, trained on or not
+            self.difficulty.record(self.step, batch.groups)
         # The checkpoint half first: the trainer writes its half only after this batch, so a
         # checkpoint with a trainer half always has this one too.
         self.checkpoints.save(self.step)
         RolloutBatch(self.step, rollouts).write(self.run_folder.rollouts(self.step))
-        write_samples(self.run_folder, self.step, groups, self.ocfg.num_samples_to_log, self.metrics)
-        self.end_step(groups, rollouts)
+        write_samples(self.run_folder, self.step, batch.groups, self.ocfg.num_samples_to_log, self.metrics)
+        self.end_step(batch, rollouts)
 
-    def end_step(self, groups: list[Group], rollouts: list[Rollout]) -> None:
+    def end_step(self, batch: StepBatch, rollouts: list[Rollout]) -> None:
         """Log the batch's metrics and the step's counters; the next step starts at the same instant."""
         now, busy = time.perf_counter(), self.pool.busy_seconds()
         step_metrics = self.counters.metrics(
@@ -176,10 +218,15 @@ class Orchestrator:
             rollouts_per_example=self.ocfg.rollouts_per_example, groups_in_flight=len(self.in_flight),
             completion_tokens=sum(len(r.completion_ids) for r in rollouts), outages=self.pool.outages,
         )  # fmt: skip
-        self.metrics.log(self.step, batch_metrics(groups, self.step) | step_metrics)
-        versions = sorted({g.version for g in groups})
-        log.info("step %d: %d rollouts written (policy versions %s, %d groups dropped as too old)",
-                 self.step, len(rollouts), versions, self.counters.dropped_groups)  # fmt: skip
+        step_metrics |= batch.metrics() | overlong_metrics(batch.groups, self.ocfg.overlong)
+        if self.difficulty is not None:
+            step_metrics |= self.difficulty.step_metrics()
+        self.metrics.log(self.step, batch_metrics(batch.groups, self.step) | step_metrics)
+        versions = sorted({g.version for g in batch.groups})
+        zero = sum(g.zero_advantage for g in batch.groups)
+        log.info("step %d: %d rollouts written (policy versions %s; %d of %d groups had zero advantage; "
+                 "%d groups dropped as too old)", self.step, len(rollouts), versions, zero, len(batch.groups),
+                 self.counters.dropped_groups)  # fmt: skip
         self.step, self.counters = self.step + 1, StepCounters(now, busy, self.pool.outages)
 
     async def collect_finished_groups(self) -> None:
@@ -188,7 +235,7 @@ class Orchestrator:
         for task in done:
             drawn_for, version = self.in_flight.pop(task)
             await self.watcher.release(version)
-            self.assembler.add(drawn_for, task.result())
+            self.assembler.add(drawn_for, self.advantages(task.result()))
         self.idle_since = time.monotonic()
 
     async def wait_for_policy(self) -> None:

@@ -1,21 +1,19 @@
 """`to_rollouts`: finished groups become the trainer's rollouts, one per sample of each episode.
 
-Advantages are normalized within each group (the episodes of one example), so every sample of an
-episode carries its episode's advantage.
+Each group carries one advantage per episode (advantages.py, set when it finished), so every sample
+of an episode carries its episode's advantage.
 """
 
 from __future__ import annotations
 
-from lorarl.orchestrator.advantages import group_advantages
 from lorarl.orchestrator.groups import Group
 from lorarl.rollouts import Rollout
 
 
-def to_rollouts(groups: list[Group], std_normalize: bool, temperature: float) -> list[Rollout]:
+def to_rollouts(groups: list[Group], temperature: float) -> list[Rollout]:
     rollouts = []
     for group in groups:
-        advantages = group_advantages([score["reward"] for score in group.scores], std_normalize)
-        for played, score, advantage in zip(group.episodes, group.scores, advantages, strict=True):
+        for played, score, advantage in zip(group.episodes, group.scores, group.advantages, strict=True):
             rollouts += [
                 Rollout(
                     prompt_ids=sample.prompt_ids,

@@ -15,7 +15,7 @@ class ExampleSampler:
     many examples each environment has given: example streams are deterministic per seed, so a
     resumed run replays them to the same position instead of pickling generators."""
 
-    def __init__(self, envs: list[Environment], weights: list[float], seed: int) -> None:
+    def __init__(self, envs: list[Environment], weights: list[float], seed: int | str) -> None:
         self.envs, self.weights = envs, weights
         self.rng = random.Random(seed)
         self._seeds = [self.rng.random() for _ in envs]

@@ -3,6 +3,9 @@
 Step N: wait for rollouts/step_N, score every completion token under the current adapter,
 take one optimizer step on the importance-weighted policy-gradient loss, and write the adapter
 to broadcasts/step_N for the orchestrator to hot-load. broadcasts/step_0 is the starting adapter.
+An empty batch (every group of the step had zero advantage, orchestrator.skip_zero_advantage)
+changes no weight: no forward pass, no optimizer step; the schedule advances and the same adapter
+is written as version N.
 The forward passes take `micro_batch_size` samples each, one per padded row, or with `packing`
 (the default) `micro_batch_size` rows of up to `seq_len` tokens, several samples to a row.
 Set-up, resume, the data-parallel forward/backward pass and the optimizer step are the skeleton's
@@ -60,12 +63,16 @@ def train(cfg: RLConfig) -> None:
             torch.cuda.reset_peak_memory_stats(device)
 
         samples = [train_sample(r) for r in batch.rollouts]
-        loss_tokens = max(1, sum(sum(s.loss_mask) for s in samples))
-        pass_loss = policy_gradient_loss(model, samples, cfg.trainer.loss, loss_tokens)
-        step_stats = forward_backward_step(model, samples, pass_loss, trainer.passes, dp)
-        loss = step_stats.pop("loss")
-        t_backward = time.perf_counter()
-        grad_norm, lr = trainer.optimizer_step()
+        loss_tokens = sum(sum(s.loss_mask) for s in samples)
+        if samples:
+            pass_loss = policy_gradient_loss(model, samples, cfg.trainer.loss, max(1, loss_tokens))
+            step_stats = forward_backward_step(model, samples, pass_loss, trainer.passes, dp)
+            loss = step_stats.pop("loss")
+            t_backward = time.perf_counter()
+            grad_norm, lr = trainer.optimizer_step()
+        else:  # nothing to learn from (module docstring), on every rank alike
+            step_stats, loss, t_backward = {}, 0.0, time.perf_counter()
+            grad_norm, lr = 0.0, trainer.step_without_update()
         t_optim = time.perf_counter()
 
         write_adapter(model, run.broadcast(step))
@@ -83,8 +90,8 @@ def train(cfg: RLConfig) -> None:
                 "grad_norm": grad_norm,
                 "lr": lr,
                 **step_stats,
-                "policy_lag/mean": sum(lags) / len(lags),
-                "policy_lag/max": max(lags),
+                **({"policy_lag/mean": sum(lags) / len(lags), "policy_lag/max": max(lags)} if lags else {}),
+                "samples": len(samples),
                 "skipped_steps": trainer.skipped_steps,
                 "tokens": loss_tokens,
                 "tokens_per_s": loss_tokens / max(1e-9, t_end - t_batch),

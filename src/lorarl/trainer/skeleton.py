@@ -129,6 +129,13 @@ class Trainer(Generic[Model]):
         self.optimizer.zero_grad(set_to_none=True)
         return grad_norm, lr
 
+    def step_without_update(self) -> float:
+        """A step with nothing to learn from: no weight changes, the schedule advances (so later steps
+        keep their learning rates). Returns this step's learning rate."""
+        lr = float(self.scheduler.get_last_lr()[0])
+        self.scheduler.step()
+        return lr
+
 
 def training_section(cfg: RLConfig | SFTConfig) -> TrainerConfig | SFTConfig:
     """Where a config keeps parallel, optim, scheduler, ckpt, packing and micro_batch_size: RL under

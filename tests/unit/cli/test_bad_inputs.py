@@ -204,6 +204,20 @@ CASES: list[Case] = [
     ("rl", rl_args("--orchestrator.env", '[{"id": "reverse_text", "weight": 0}]'), "orchestrator.env.0.weight"),
     ("rl", rl_args("--orchestrator.env", "[]"), "no environment given"),
     ("rl", rl_args("--orchestrator.eval", '{"num_examples": 0}'), "orchestrator.eval.num_examples"),
+    # Advantages and filters.
+    ("rl", rl_args("--orchestrator.advantage.fn", "mypkg.mod"), "give 'package.module:function'"),
+    (
+        "rl",
+        rl_args("--orchestrator.advantage.estimator", "rloo", "--no-orchestrator.advantage.std_normalize"),
+        "leave std_normalize out",
+    ),  # fmt: skip
+    (
+        "rl",
+        rl_args("--orchestrator.fill_informative", "--no-orchestrator.skip_zero_advantage"),
+        "set skip_zero_advantage = true too",
+    ),  # fmt: skip
+    ("rl", rl_args("--orchestrator.overlong.buffer", "500"), "longer than sampling.max_tokens"),
+    ("rl", rl_args("--orchestrator.difficulty_filter", '{"min_pass": 0.5, "max_pass": 0.5}'), "must be below"),
     # Inference.
     ("rl", rl_args("--inference.port", "70000"), "inference.port"),
     ("rl", rl_args("--inference.num_workers", "0"), "inference.num_workers"),

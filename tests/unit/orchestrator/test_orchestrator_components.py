@@ -34,13 +34,15 @@ def played(answer: str, model_tokens: int, samples: int = 1, truncated: bool = F
 
 def group(env: str, version: int, rewards: list[float]) -> Group:
     episodes = [played(f"a{i}", model_tokens=10 * (i + 1)) for i in range(len(rewards))]
-    return Group(Named(env), version, episodes, [{"reward": r, "reward_errors": 0} for r in rewards])
+    mean = sum(rewards) / len(rewards)
+    return Group(Named(env), version, episodes, [{"reward": r, "reward_errors": 0} for r in rewards],
+                 [r - mean for r in rewards])  # fmt: skip
 
 
 def test_rollouts_carry_their_groups_advantages_version_and_scores() -> None:
     g = group("a", 3, [1.0, 0.0])
     g.episodes[1] = played("two samples", model_tokens=4, samples=2)  # a multi-turn episode split in two
-    rollouts = to_rollouts([g, group("b", 2, [0.5, 0.5])], std_normalize=False, temperature=0.7)
+    rollouts = to_rollouts([g, group("b", 2, [0.5, 0.5])], temperature=0.7)
     assert [r.advantage for r in rollouts] == [0.5, -0.5, -0.5, 0.0, 0.0]
     assert [r.env for r in rollouts] == ["a", "a", "a", "b", "b"]
     assert [r.policy_version for r in rollouts] == [3, 3, 3, 2, 2]

@@ -21,8 +21,12 @@ from lorarl.tiny_model import build_tokenizer
 TOKENIZER = build_tokenizer()
 
 
+ANSWERS = ("abcdefghijklmnopqrstuvwxyz", "")  # sample i of a request answers ANSWERS[i % 2]
+
+
 class InstantPool:
-    """Answers every request at once with the same short completion; keeps the adapters loaded."""
+    """Answers every request at once: half of each group with the alphabet (some reward on every
+    reverse_text example), half with nothing (none), so no group is tied; keeps the adapters loaded."""
 
     def __init__(self) -> None:
         self.workers = [object()]
@@ -41,27 +45,31 @@ class InstantPool:
 
     async def complete(self, model: str, prompt_ids: list[int], n: int, **sampling: Any) -> list[Completion]:
         assert model in self.loaded, model
-        ids = TOKENIZER.encode("olleh") + [TOKENIZER.eos_token_id]
-        return [Completion(ids, [-0.5] * len(ids), "olleh", "stop") for _ in range(n)]
+        answers = [ANSWERS[i % 2] for i in range(n)]
+        ids = [TOKENIZER.encode(a) + [TOKENIZER.eos_token_id] for a in answers]
+        return [Completion(i, [-0.5] * len(i), a, "stop") for i, a in zip(ids, answers, strict=True)]
 
     async def close(self) -> None:
         self.closed = True
 
 
-async def trainer(run: RunFolder, steps: int) -> None:
-    """Publishes adapter 0, then adapter N once batch N is written."""
-    for step in range(steps + 1):
-        while step and not (run.rollouts(step) / BATCH_FILE).exists():
+async def trainer(run: RunFolder, steps: int, start: int = 0, ckpt_interval: int | None = None) -> None:
+    """Publishes adapter `start` (0, or the checkpoint resumed from), then adapter N once batch N is
+    written, with the trainer's half of a checkpoint every `ckpt_interval` steps."""
+    for step in range(start, steps + 1):
+        while step > start and not (run.rollouts(step) / BATCH_FILE).exists():
             await asyncio.sleep(0.01)
+        if step > start and ckpt_interval and step % ckpt_interval == 0:
+            run.write_checkpoint_half(step, "trainer", lambda d: (d / "state.json").write_text("{}"))
         write_folder_atomically(run.broadcast(step), lambda d: None, stable_marker=True)
 
 
-def config(tmp_path: Path, **orchestrator: Any) -> RLConfig:
+def config(tmp_path: Path, top: dict[str, Any] | None = None, **orchestrator: Any) -> RLConfig:
     return RLConfig.model_validate({
         "model": {"name": "unused"}, "output_dir": str(tmp_path), "run_name": "run", "max_steps": 4,
         "monitor": {"console": False},
         "orchestrator": {"batch_size": 4, "rollouts_per_example": 2, "num_samples_to_log": 1} | orchestrator,
-    })  # fmt: skip
+    } | (top or {}))  # fmt: skip
 
 
 def run_orchestrator(cfg: RLConfig) -> tuple[RunFolder, list[dict[str, Any]]]:
@@ -69,13 +77,16 @@ def run_orchestrator(cfg: RLConfig) -> tuple[RunFolder, list[dict[str, Any]]]:
 
     async def both() -> RunFolder:
         orchestrator = Orchestrator(cfg, pool, TOKENIZER)  # type: ignore[arg-type]
-        publishing = asyncio.create_task(trainer(orchestrator.run_folder, cfg.max_steps))
+        start = orchestrator.step - 1
+        publishing = asyncio.create_task(
+            trainer(orchestrator.run_folder, cfg.max_steps, start, cfg.trainer.ckpt.interval)
+        )
         await orchestrator.run()
         await publishing
         return orchestrator.run_folder
 
     run = asyncio.run(both())
-    assert pool.closed and pool.loaded == {f"run-step{cfg.max_steps}"}  # the final policy stays served
+    assert pool.closed and pool.loaded == {f"{cfg.run_name}-step{cfg.max_steps}"}  # the final policy stays served
     return run, [json.loads(line) for line in run.metrics.read_text().splitlines()]
 
 
@@ -109,3 +120,10 @@ def test_a_dropped_straggler_counts_in_its_steps_metrics_only(tmp_path: Path) ->
     assert orchestrator[3]["dropped/rollouts"] == 2
     for step in range(1, 5):
         assert not any(r.metrics["is_straggler"] for r in RolloutBatch.read(run.rollouts(step), step).rollouts)
+
+
+def test_the_orchestrator_uses_the_users_advantage_function(tmp_path: Path) -> None:
+    cfg = config(tmp_path, advantage={"fn": "tests.unit.orchestrator.scripted_env:by_answer_length"}, max_async_level=0)
+    run, _ = run_orchestrator(cfg)
+    advantages = [r.advantage for r in RolloutBatch.read(run.rollouts(1), 1).rollouts]
+    assert sorted(advantages) == [-13.0, -13.0, 13.0, 13.0]  # the alphabet (26 characters) or nothing

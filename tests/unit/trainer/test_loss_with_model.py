@@ -311,3 +311,24 @@ def test_a_resumed_run_trains_the_same_adapter_as_an_uninterrupted_one(tiny_mode
     # The resumed run logged step 3 once, after steps 1-2 of the first run.
     steps = [json.loads(line)["step"] for line in resumed.metrics.read_text().splitlines()]
     assert steps == [1, 2, 3]
+
+
+def test_an_empty_batch_changes_no_weight_and_the_schedule_goes_on(tiny_model: Path, tmp_path: Path) -> None:
+    """Every group of step 2 had zero advantage (orchestrator.skip_zero_advantage): its batch is empty.
+    The trainer takes no forward pass and no optimizer step, writes the same adapter as version 2, and
+    step 3 trains at step 3's learning rate as it would have."""
+    cfg = RLConfig(model={"name": str(tiny_model)}, max_steps=3, output_dir=tmp_path, monitor={"console": False},
+                   trainer={"scheduler": {"type": "linear"}, "keep_rollouts": True})  # fmt: skip
+    run = RunFolder(cfg.run_dir).create()
+    for step in (1, 2, 3):
+        RolloutBatch(step, rollouts_for(step) if step != 2 else []).write(run.rollouts(step))
+    train(cfg)
+    rows = {r["step"]: r for r in map(json.loads, run.metrics.read_text().splitlines())}
+    assert rows[2]["loss"] == 0.0 and rows[2]["grad_norm"] == 0.0 and rows[2]["samples"] == 0
+    assert rows[2]["tokens"] == 0 and "policy_lag/mean" not in rows[2] and rows[2]["skipped_steps"] == 0
+    assert [rows[s]["lr"] for s in (1, 2, 3)] == pytest.approx([5e-5, 5e-5 * 2 / 3, 5e-5 / 3])
+    assert rows[3]["grad_norm"] > 0 and rows[3]["samples"] == len(rollout_samples())
+    one, two, three = (load_file(run.broadcast(s) / "adapter_model.safetensors") for s in (1, 2, 3))
+    for key in one:
+        torch.testing.assert_close(two[key], one[key], rtol=0, atol=0)
+    assert any(not torch.equal(three[key], two[key]) for key in one)
