@@ -14,7 +14,7 @@ import pytest
 
 from lorarl.rollouts import RolloutBatch, policy_lag
 from lorarl.run_folder import RunFolder
-from tests.unit.test_orchestrator_loop import TOKENIZER, config, run_orchestrator
+from tests.unit.orchestrator.test_orchestrator_loop import TOKENIZER, config, run_orchestrator
 
 SCRIPTED = "tests.unit.orchestrator.scripted_env:Scripted"
 NAME = re.compile(r"(?:easy|hard|mixed)-\d+")
