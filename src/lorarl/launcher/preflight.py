@@ -7,7 +7,6 @@ names the key and the value at fault.
 
 from __future__ import annotations
 
-import importlib
 import os
 import re
 import socket
@@ -17,6 +16,7 @@ from pathlib import Path
 from lorarl.config.models import RLConfig, SFTConfig
 from lorarl.launcher.placement import Placement, place
 from lorarl.orchestrator.envs import check_environment
+from lorarl.plugins import PluginError, load_function
 
 _HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 
@@ -34,7 +34,8 @@ def check_rl(cfg: RLConfig, gpus: int) -> Placement:
     except ValueError as e:  # PlacementError too
         raise PreflightError(str(e)) from None
     check_environments(cfg)
-    check_loss_fn(cfg.trainer.loss.loss_fn)
+    check_function(cfg.trainer.loss.loss_fn, "trainer.loss.loss_fn")
+    check_function(cfg.orchestrator.advantage.fn, "orchestrator.advantage.fn")
     if not cfg.inference.urls:
         check_ports(cfg.inference.host, cfg.inference.port, cfg.inference.num_workers)
     return placement
@@ -83,20 +84,18 @@ def check_environments(cfg: RLConfig) -> None:
             raise PreflightError(f"orchestrator.env[{i}] id {env.id!r}: {e}") from None
 
 
-def check_loss_fn(spec: str | None) -> None:
-    """A custom loss (`trainer.loss.loss_fn`, "package.module:function") imports and is callable, so
-    that a typo stops `rl` now rather than the trainer at its first batch. Looked up from the working
-    directory, as the trainer (started there by `rl`) will."""
+def check_function(spec: str | None, key: str) -> None:
+    """A user function the config names at `key` (a custom loss, an advantage estimator:
+    "package.module:function") imports and is callable, so that a typo stops `rl` now rather than the
+    trainer or orchestrator later. Looked up from the working directory, as they (started there by
+    `rl`) will."""
     if spec is None:
         return
     _working_directory_importable()
-    module_name, name = spec.split(":", 1)
     try:
-        fn = getattr(importlib.import_module(module_name), name)
-    except (ImportError, AttributeError) as e:
-        raise PreflightError(f"trainer.loss.loss_fn {spec!r}: {e}") from None
-    if not callable(fn):
-        raise PreflightError(f"trainer.loss.loss_fn {spec!r} is a {type(fn).__name__}, not a function")
+        load_function(spec, key)
+    except PluginError as e:
+        raise PreflightError(str(e)) from None
 
 
 def _working_directory_importable() -> None:

@@ -9,7 +9,6 @@ overlong shaping of the rewards before, masking of truncated episodes after (ove
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import math
 import statistics
@@ -19,6 +18,7 @@ from lorarl.config.models import AdvantageConfig, OrchestratorConfig
 from lorarl.orchestrator.episodes import PlayedEpisode
 from lorarl.orchestrator.groups import Group
 from lorarl.orchestrator.overlong import PENALTY_KEY, mask_truncated, overlong_penalty
+from lorarl.plugins import load_function
 
 Estimator = Callable[[list[float], Sequence[PlayedEpisode]], list[float]]
 
@@ -83,13 +83,7 @@ def advantage_estimator(cfg: AdvantageConfig) -> Estimator:
 
 def _import_fn(spec: str) -> tuple[Callable[..., Sequence[float]], bool]:
     """The function `package.module:function` names, and whether it takes the episodes too."""
-    module_name, name = spec.split(":", 1)
-    try:
-        fn = getattr(importlib.import_module(module_name), name)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"advantage.fn {spec}: {e}") from None
-    if not callable(fn):
-        raise TypeError(f"advantage.fn {spec} is a {type(fn).__name__}, not a function")
+    fn = load_function(spec, "orchestrator.advantage.fn")
     try:
         params = inspect.signature(fn).parameters.values()
     except ValueError:  # no signature to read (a C function): rewards alone

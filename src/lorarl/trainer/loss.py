@@ -32,7 +32,6 @@ A forward batch holds samples one per padded row (`MicroBatch`) or several per p
 from __future__ import annotations
 
 import functools
-import importlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol, cast
@@ -41,6 +40,7 @@ import peft
 import torch
 
 from lorarl.config.models import LossConfig
+from lorarl.plugins import load_function
 from lorarl.trainer.batching import MicroBatch, TrainSample
 from lorarl.trainer.mismatch import mismatch_correction
 
@@ -146,14 +146,7 @@ class LossFn(Protocol):
 @functools.cache
 def load_loss_fn(spec: str) -> LossFn:
     """The function "package.module:function" names (LossConfig checked the form), imported once."""
-    module_name, name = spec.split(":", 1)
-    try:
-        fn = getattr(importlib.import_module(module_name), name)
-    except (ImportError, AttributeError) as e:
-        raise ImportError(f"[trainer.loss] loss_fn = {spec!r}: {e}") from e
-    if not callable(fn):
-        raise TypeError(f"[trainer.loss] loss_fn = {spec!r} is a {type(fn).__name__}, not a function")
-    return cast(LossFn, fn)
+    return cast(LossFn, load_function(spec, "trainer.loss.loss_fn"))
 
 
 def policy_loss(

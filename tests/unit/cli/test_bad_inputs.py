@@ -143,6 +143,7 @@ CASES: list[Case] = [
         "trainer.loss.loss_fn 'no_such_module:my_loss'",
     ),
     ("rl", rl_args("--trainer.loss.loss_fn", "os:sep"), "is a str, not a function"),
+    ("rl", rl_args("--orchestrator.advantage.fn", "no_such_module:adv"), "orchestrator.advantage.fn 'no_such_"),
     ("rl", rl_args("--trainer.parallel.fsdp"), "needs dp >= 2"),
     ("rl", rl_args("--trainer.parallel.dp", "0"), "trainer.parallel.dp"),
     ("rl", rl_args("--trainer.ckpt.interval", "0"), "trainer.ckpt.interval"),

@@ -16,6 +16,7 @@ from lorarl.orchestrator.envs.base import Environment, Episode
 from lorarl.orchestrator.episodes import PlayedEpisode, Sample
 from lorarl.orchestrator.groups import Group
 from lorarl.orchestrator.overlong import overlong_metrics, overlong_penalty
+from lorarl.plugins import PluginError
 
 
 def played(answer: str = "a", turn_tokens: tuple[int, ...] = (4,), truncated: bool = False) -> PlayedEpisode:
@@ -87,9 +88,9 @@ def test_a_users_estimator_is_checked() -> None:
             AdvantageConfig(fn=spec)
     with pytest.raises(ValidationError, match="not both"):
         AdvantageConfig(fn="m:f", estimator="rloo")
-    with pytest.raises(ValueError, match="advantage.fn no_such_module:f: No module named"):
+    with pytest.raises(PluginError, match="orchestrator.advantage.fn 'no_such_module:f': No module named"):
         advantage_estimator(AdvantageConfig(fn="no_such_module:f"))
-    with pytest.raises(ValueError, match="has no attribute 'nope'"):
+    with pytest.raises(PluginError, match="has no attribute 'nope'"):
         advantage_estimator(AdvantageConfig(fn="tests.unit.orchestrator.test_advantages:nope"))
     for fn in ("wrong_length", "not_finite"):
         estimator = advantage_estimator(AdvantageConfig(fn=f"tests.unit.orchestrator.test_advantages:{fn}"))

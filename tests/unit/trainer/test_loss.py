@@ -5,6 +5,7 @@ import torch
 
 from lorarl.config.loader import ConfigError, load_config
 from lorarl.config.models import LossConfig, RLConfig
+from lorarl.plugins import PluginError
 from lorarl.trainer.batching import TrainSample, micro_batches
 from lorarl.trainer.loss import (
     LossInputs,
@@ -443,11 +444,11 @@ def test_a_custom_loss_that_is_the_clip_loss_gives_the_built_in_loss_and_gradien
 
 def test_a_custom_loss_is_checked_where_it_is_loaded_and_where_it_returns() -> None:
     assert load_loss_fn(CUSTOM_CLIP) is token_clip_loss
-    with pytest.raises(ImportError, match="loss_fn = 'tests.unit.no_such_module:f'"):
+    with pytest.raises(PluginError, match="trainer.loss.loss_fn 'tests.unit.no_such_module:f': No module named"):
         load_loss_fn("tests.unit.no_such_module:f")
-    with pytest.raises(ImportError, match="has no attribute 'no_such_loss'"):
+    with pytest.raises(PluginError, match="has no attribute 'no_such_loss'"):
         load_loss_fn("tests.unit.trainer.test_loss:no_such_loss")
-    with pytest.raises(TypeError, match="is a float, not a function"):
+    with pytest.raises(PluginError, match="trainer.loss.loss_fn '.*:CAP' is a float, not a function"):
         load_loss_fn("tests.unit.trainer.test_loss:CAP")
     batch, norm = batch_with(OLD, MASK, ADV), LossNorm("token", 8)
     with pytest.raises(TypeError, match=r"returned \(\), not a per-token loss of shape \(4, 3\)"):
