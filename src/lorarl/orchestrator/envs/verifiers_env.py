@@ -171,8 +171,9 @@ class VerifiersTaskset(Environment):
             task=TraceTask(type=self.task_type.__name__, data=task.data), agent=AgentInfo(config=vf.AgentConfig())
         )
         for i, m in enumerate(episode.messages):
+            sampled = i >= n_prompt and m["role"] == "assistant"
             message = _ROLES[m["role"]](content=m["content"])
-            trace.nodes.append(MessageNode(parent=i - 1 if i else None, message=message, sampled=i >= n_prompt and m["role"] == "assistant"))
+            trace.nodes.append(MessageNode(parent=i - 1 if i else None, message=message, sampled=sampled))
         return trace
 
 
