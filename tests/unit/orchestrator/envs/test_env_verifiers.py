@@ -91,6 +91,21 @@ def test_a_reward_that_raises_scores_zero_and_is_counted_without_stopping() -> N
     assert scores["reward"] == 0.0 and scores["reward_errors"] >= 1
 
 
+class Endless(vf.Taskset[Shaky]):
+    INFINITE = True
+
+    def load(self):
+        n = 0
+        while True:
+            n += 1
+            yield Shaky(Data(prompt=f"{n}?", answer=str(n)))
+
+
+def test_an_endless_taskset_is_streamed_in_its_own_order() -> None:
+    env = VerifiersTaskset(Endless(vf.TasksetConfig()), "endless")
+    assert [e["task"]["answer"] for e in islice(env.examples(random.Random(0)), 3)] == ["1", "2", "3"]
+
+
 class Tooled(vf.Taskset[Shaky]):
     @classmethod
     def toolsets(cls, config):
