@@ -22,7 +22,10 @@ BUILTIN: dict[str, type[Environment]] = {
 # Libraries whose tasks are environments: "<prefix>:<task>" is one task, "<prefix>" alone takes
 # its tasks from args. Each maps to the lorarl module that adapts it, with `check(task, args)`
 # (no building) and `load(task, args)`; imported on first use, since it imports the library.
-BRIDGES: dict[str, str] = {"reasoning_gym": "lorarl.orchestrator.envs.reasoning_gym_env"}
+BRIDGES: dict[str, str] = {
+    "reasoning_gym": "lorarl.orchestrator.envs.reasoning_gym_env",
+    "verifiers": "lorarl.orchestrator.envs.verifiers_env",
+}
 
 
 def bridge(env_id: str) -> tuple[ModuleType, str | None] | None:

@@ -1,0 +1,149 @@
+"""verifiers tasksets as environments: the taskset's rows become seeded examples and chat prompts, the
+task's own weighted rewards and metrics score the episode (as a verifiers Trace whose model turn is
+the sampled one), and `check_environment` refuses what lorarl cannot play in one line."""
+
+import asyncio
+import random
+import re
+import tomllib
+from itertools import islice
+
+import pytest
+import verifiers.v1 as vf
+
+from lorarl.orchestrator.envs import check_environment, load_environment
+from lorarl.orchestrator.envs.base import Environment, Episode, Example
+from lorarl.orchestrator.envs.verifiers_env import VerifiersTaskset, check_single_turn
+from tests.conftest import REPO
+
+REVERSE = "verifiers:examples.verifiers_env.reverse_words"
+
+
+@pytest.fixture(autouse=True)
+def repo_importable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(REPO))  # examples/ resolves from the repo root, as under `rl`
+
+
+def score(env: Environment, example: Example, completion: str) -> dict[str, float]:
+    messages = [*env.prompt(example), {"role": "assistant", "content": completion}]
+    return asyncio.run(env.score(Episode(example, messages)))
+
+
+def test_rows_become_prompts_and_every_pass_visits_each_task_in_a_seeded_order() -> None:
+    env = load_environment(REVERSE, {"num_words": 4})
+    assert env.name == "reverse_words"
+    drawn = [example["task"]["answer"] for example in islice(env.examples(random.Random(5)), 8)]
+    assert sorted(drawn[:4]) == sorted(drawn[4:]) == sorted(["elppa", "revir", "enots", "duolc"])
+    assert drawn == [e["task"]["answer"] for e in islice(env.examples(random.Random(5)), 8)]
+    assert env.prompt({"task": {"prompt": "Reverse the word: apple", "system_prompt": "Be brief.", "answer": "x"}}) == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Reverse the word: apple"},
+    ]
+
+
+def test_each_reward_and_metric_is_scored_and_the_reward_is_their_weighted_sum() -> None:
+    env = load_environment(REVERSE, {"num_words": 1})
+    example = next(env.examples(random.Random(0)))
+    assert score(env, example, env.solution(example)) == {
+        "exact": 1.0, "similarity": 1.0, "reply_chars": 5.0, "reward": 1.5, "reward_errors": 0
+    }  # fmt: skip
+    half = score(env, example, "elp")
+    assert half["exact"] == 0.0 and half["similarity"] == pytest.approx(0.75)
+    assert half["reward"] == pytest.approx(0.5 * 0.75)
+
+
+class Data(vf.TaskData):
+    answer: str = "42"
+
+
+class Shaky(vf.Task[Data]):
+    @vf.reward(weight=2.0)
+    async def right(self, task: Data, trace: vf.Trace) -> float:
+        return float(trace.last_reply == task.answer)
+
+    @vf.reward
+    async def keyed(self, trace: vf.Trace) -> dict[str, float]:
+        if "boom" in trace.last_reply:
+            raise RuntimeError("boom")
+        return {"turns": float(len(trace.assistant_messages)), "few_shot": float(len(trace.messages))}
+
+
+class Shakies(vf.Taskset[Shaky]):
+    def load(self):
+        prompt = [vf.UserMessage(content="6*7?"), vf.AssistantMessage(content="42"), vf.UserMessage(content="6*8?")]
+        yield Shaky(Data(prompt=prompt, answer="48"))
+
+
+def test_keyed_rewards_count_and_only_the_model_turn_is_sampled() -> None:
+    env = VerifiersTaskset(Shakies(vf.TasksetConfig()), "shakies")
+    example = next(env.examples(random.Random(0)))
+    assert [m["role"] for m in env.prompt(example)] == ["user", "assistant", "user"]
+    # The few-shot answer in the prompt is context, not a model turn: one sampled turn of four messages.
+    # Keyed scores are rewards of weight 1 each, beside `right` (weight 2).
+    assert score(env, example, "48") == {
+        "right": 1.0, "turns": 1.0, "few_shot": 4.0, "reward": 2.0 + 1.0 + 4.0, "reward_errors": 0
+    }  # fmt: skip
+
+
+def test_a_reward_that_raises_scores_zero_and_is_counted_without_stopping() -> None:
+    env = VerifiersTaskset(Shakies(vf.TasksetConfig()), "shakies")
+    scores = score(env, next(env.examples(random.Random(0))), "48 boom")
+    assert scores["reward"] == 0.0 and scores["reward_errors"] >= 1
+
+
+class Endless(vf.Taskset[Shaky]):
+    INFINITE = True
+
+    def load(self):
+        n = 0
+        while True:
+            n += 1
+            yield Shaky(Data(prompt=f"{n}?", answer=str(n)))
+
+
+def test_an_endless_taskset_is_streamed_in_its_own_order() -> None:
+    env = VerifiersTaskset(Endless(vf.TasksetConfig()), "endless")
+    assert [e["task"]["answer"] for e in islice(env.examples(random.Random(0)), 3)] == ["1", "2", "3"]
+
+
+class Tooled(vf.Taskset[Shaky]):
+    @classmethod
+    def toolsets(cls, config):
+        return [object()]
+
+    def load(self):
+        yield from ()
+
+
+def test_what_lorarl_cannot_play_single_turn_is_refused() -> None:
+    with pytest.raises(ValueError, match="Tooled needs tool servers; lorarl plays single-turn verifiers tasks only"):
+        check_single_turn(Tooled, vf.TasksetConfig())
+    judged = vf.TasksetConfig(task={"judges": [{"id": "reference"}]})
+    with pytest.raises(ValueError, match="Shakies needs judges"):
+        check_single_turn(Shakies, judged)
+
+
+@pytest.mark.parametrize(
+    "env_id, args, message",
+    [
+        ("verifiers", {}, "name the taskset: id = 'verifiers:<taskset package or module>'"),
+        (REVERSE, {"num_word": 3}, "args do not fit ReverseWordsConfig: num_word: Extra inputs are not permitted"),
+        (REVERSE, {"num_words": "a"}, "args do not fit ReverseWordsConfig: num_words: Input should be a valid integer"),
+        (REVERSE, {"id": "x"}, "args.id: the taskset is the part of the id after 'verifiers:'"),
+        ("verifiers:examples.verifiers_env.nope", {}, "No module named 'examples.verifiers_env.nope'"),
+        ("verifiers:no-such-taskset", {}, "taskset 'no-such-taskset' not found"),
+        ("verifiers:examples.custom_environment.my_env", {}, "must export exactly one Taskset subclass in __all__"),
+    ],
+)
+def test_bad_ids_and_args_are_one_line_errors(env_id: str, args: dict, message: str) -> None:
+    with pytest.raises((ValueError, TypeError, ImportError)) as error:
+        check_environment(env_id, args)
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_the_readme_example_passes_the_check() -> None:
+    readme = (REPO / "README.md").read_text()
+    blocks = [b for b in re.findall(r"```toml\n(.*?)```", readme, re.DOTALL) if '"verifiers:' in b]
+    envs = [env for block in blocks for env in tomllib.loads(block)["orchestrator"]["env"]]
+    assert len(envs) == 1
+    check_environment(envs[0]["id"], envs[0].get("args", {}))
