@@ -1,8 +1,10 @@
-"""Every shipped environment config runs through `rl` against real vLLM (two steps each)."""
+"""Every shipped environment config runs through `rl` against real vLLM (two steps each); for the
+configs of other libraries' environments, their rewards and metrics are logged as they define them."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -12,6 +14,22 @@ from tests.integration.helpers import metrics, rl_command
 pytestmark = pytest.mark.integration
 
 CONFIGS = sorted(REPO.glob("configs/*/rl.toml")) + sorted(REPO.glob("examples/*/rl.toml"))
+
+
+def check_verifiers_rewards(rows: list[dict[str, Any]]) -> None:
+    """examples/verifiers_env/reverse_words.py: each reward and metric of the task is logged under
+    env/<taskset>/<name>, the reward being their weighted sum (exact + 0.5 * similarity)."""
+    batches = [r for r in rows if r["component"] == "orchestrator" and "env/reverse_words/exact" in r]
+    assert len(batches) == 2
+    for r in batches:
+        assert 0.0 <= r["env/reverse_words/exact"] <= r["env/reverse_words/similarity"] <= 1.0
+        assert r["env/reverse_words/reply_chars"] >= 0.0  # a metric: logged, not rewarded
+        weighted = r["env/reverse_words/exact"] + 0.5 * r["env/reverse_words/similarity"]
+        assert r["env/reverse_words/reward"] == pytest.approx(weighted)
+
+
+# Config -> what else its run must have logged.
+LOGGED = {"configs/verifiers/rl.toml": check_verifiers_rewards}
 
 
 def test_configs_of_every_builtin_environment_are_shipped() -> None:
@@ -34,3 +52,5 @@ def test_shipped_config_runs(config: Path, tiny_model: Path, vllm_server: str, t
     rows = metrics(tmp_path / "shipped")
     assert sorted(r["step"] for r in rows if r["component"] == "trainer") == [1, 2]
     assert all(r["reward_errors"] == 0 for r in rows if r["component"] == "orchestrator")
+    if check := LOGGED.get(str(config.relative_to(REPO))):
+        check(rows)
