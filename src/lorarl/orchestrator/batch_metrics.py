@@ -31,11 +31,12 @@ def batch_metrics(groups: list[Group], step: int) -> dict[str, float]:
         "policy_lag/mean": statistics.fmean(lags),
         "policy_lag/max": max(lags),
     }
-    # Per environment: its share of the batch, and the mean of each of its reward functions.
+    # Per environment: the mean of each of its reward functions (and metrics) over the episodes that
+    # have it: an environment from another library may score some episodes on keys others lack.
     for env_name in sorted({g.env.name for g in groups}):
         env_scores = [score for g in groups if g.env.name == env_name for score in g.scores]
-        for key in env_scores[0]:
-            out[f"env/{env_name}/{key}"] = statistics.fmean(score[key] for score in env_scores)
+        for key in dict.fromkeys(key for score in env_scores for key in score):
+            out[f"env/{env_name}/{key}"] = statistics.fmean(score[key] for score in env_scores if key in score)
     return out
 
 

@@ -58,6 +58,14 @@ def test_batch_metrics_lag_is_measured_against_the_step_trained() -> None:
     assert m["env/a/reward"] == 0.5 and m["env/b/reward"] == 0.5
 
 
+def test_batch_metrics_average_each_key_over_the_episodes_that_have_it() -> None:
+    g = group("a", 3, [1.0, 0.0, 0.5])
+    g.scores[1]["tool_calls"] = 2.0  # e.g. a metric another library's environment logs now and then
+    g.scores[2]["tool_calls"] = 4.0
+    m = batch_metrics([g], step=4)
+    assert m["env/a/tool_calls"] == 3.0 and m["env/a/reward"] == 0.5
+
+
 def test_step_counters_become_the_steps_metrics() -> None:
     counters = StepCounters(
         started=10.0, busy_at_start=4.0, outages_at_start=1, dropped_groups=2, waited_for_policy=1.5
