@@ -132,7 +132,7 @@ def build_model(
         num_attention_heads=hidden_size // head_dim,
         num_key_value_heads=max(1, hidden_size // head_dim // 2),
         head_dim=head_dim,
-        max_position_embeddings=1024,
+        max_position_embeddings=2048,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         tie_word_embeddings=True,
         eos_token_id=eos_token_id,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import random
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,12 +73,13 @@ class EpisodeRunner:
             self.tokenizer, messages, add_generation_prompt=True, tools=env.tool_schemas(), **self.chat_template_kwargs
         )
 
-    def check(self, env: Environment, example: Example) -> None:
+    def check(self, env: Environment) -> None:
         """Fail at start, not silently in every episode, if the chat template ignores `env`'s tools."""
-        messages = env.prompt(example)
-        if env.tool_schemas() and self.encode(env, messages) == encode_chat(
-            self.tokenizer, messages, add_generation_prompt=True, **self.chat_template_kwargs
-        ):
+        if not env.tool_schemas():
+            return
+        messages = env.prompt(next(env.examples(random.Random(0))))
+        without = encode_chat(self.tokenizer, messages, add_generation_prompt=True, **self.chat_template_kwargs)
+        if self.encode(env, messages) == without:
             raise ValueError(
                 f"environment {env.name} has tools, but the model's chat template does not render `tools` "
                 "(a tool-calling model's template does, e.g. Qwen3's; rebuild the tiny model for its)"
@@ -91,7 +93,10 @@ class EpisodeRunner:
         firsts = await self._complete(adapter, prompt_ids, n, env.name)
         return list(
             await asyncio.gather(
-                *(self._continue(adapter, env, Episode(example, list(messages)), prompt_ids, c, started) for c in firsts)
+                *(
+                    self._continue(adapter, env, Episode(example, list(messages)), prompt_ids, c, started)
+                    for c in firsts
+                )
             )
         )
 

@@ -20,6 +20,7 @@ all become an "Error: ..." message, never an exception out of the episode.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import logging
@@ -72,10 +73,8 @@ def _parse_one(body: str | None) -> ToolCall | str:
         return 'Error: a tool call must be a JSON object {"name": <tool name>, "arguments": {...}}.'
     arguments = call.get("arguments", {})
     if isinstance(arguments, str):  # some models send the arguments as a JSON string
-        try:
+        with contextlib.suppress(json.JSONDecodeError):
             arguments = json.loads(arguments)
-        except json.JSONDecodeError:
-            pass
     if not isinstance(arguments, dict):
         return f"Error: the arguments of {call['name']} must be a JSON object."
     return ToolCall(call["name"], arguments)

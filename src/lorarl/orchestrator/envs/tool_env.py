@@ -16,6 +16,12 @@ from lorarl.orchestrator.envs.base import Environment, Episode, Message
 from lorarl.orchestrator.tools import Toolbox, ToolFunc, ToolStats
 
 
+def used_tools(episode: Episode) -> float:
+    """1 if the model made at least one well-formed tool call: a reward function to log with weight 0."""
+    stats = episode.state.get("tool_stats", ToolStats())
+    return float(stats.tool_calls > stats.tool_malformed)
+
+
 class ToolEnvironment(Environment):
     max_turns = 4
     tools: list[ToolFunc] = []

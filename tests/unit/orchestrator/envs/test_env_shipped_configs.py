@@ -3,6 +3,7 @@ the turns fit the config's seq_len and max_tokens, multi-turn episodes run to th
 reference answers score full reward."""
 
 import asyncio
+import json
 import random
 from itertools import islice
 from pathlib import Path
@@ -22,13 +23,13 @@ CONFIGS = sorted(p for d in ("configs", "examples") for p in (REPO / d).rglob("*
 
 
 def reference_turns(env: Environment, example: Example) -> list[str]:
-    """What a perfect policy writes, turn by turn (the longest such episode, for search)."""
+    """What a perfect policy writes, turn by turn (the longest such episode, for the tool environments)."""
     if env.name == "alphabet_sort":
         return example["expected"]
-    if env.name == "search":
-        return [f"<search>{example['question']}</search>"] * (env.max_turns - 1) + [
-            f"<answer>{example['answer']}</answer>"
-        ]
+    if env.name in ("search", "calculator"):
+        tool, argument = ("search", "query") if env.name == "search" else ("calculate", "expression")
+        call = json.dumps({"name": tool, "arguments": {argument: example.get("question", example.get("expression"))}})
+        return [f"<tool_call>\n{call}\n</tool_call>"] * (env.max_turns - 1) + [f"<answer>{example['answer']}</answer>"]
     return [env.solution(example)]
 
 
