@@ -30,6 +30,7 @@ from lorarl.inference.health import wait_until_healthy
 from lorarl.inference.pool import WorkerPool
 from lorarl.inference.server import worker_urls
 from lorarl.monitor.metrics import MetricsLogger
+from lorarl.orchestrator import judge
 from lorarl.orchestrator.adapters import AdapterWatcher
 from lorarl.orchestrator.advantages import GroupAdvantages
 from lorarl.orchestrator.batch_assembly import BatchAssembler
@@ -81,6 +82,7 @@ class Orchestrator:
         self.cfg, self.ocfg, self.pool = cfg, cfg.orchestrator, pool
         self.run_folder = RunFolder(cfg.run_dir).create()
         self.metrics = MetricsLogger(self.run_folder.metrics, "orchestrator", cfg.monitor, cfg.run_name)
+        judge.use_fleet(pool, cfg.model.name)  # judges ask the base model by default: no adapter, no extra server
         envs = [load_environment(e.id, e.args) for e in self.ocfg.env]
         for env, env_cfg in zip(envs, self.ocfg.env, strict=True):
             if env_cfg.episode_timeout is not None:
