@@ -122,10 +122,13 @@ class InferenceClient:
         return str(data["choices"][0]["message"]["content"] or "")
 
     async def complete(
-        self, model: str, prompt_ids: list[int], n: int, temperature: float, top_p: float, max_tokens: int
-    ) -> list[Completion]:
-        """`n` samples for one tokenized prompt, as token ids with their logprobs (no re-tokenizing)."""
+        self, model: str, prompt_ids: list[int], n: int, temperature: float, top_p: float, max_tokens: int,
+        **extra: Any,
+    ) -> list[Completion]:  # fmt: skip
+        """`n` samples for one tokenized prompt, as token ids with their logprobs (no re-tokenizing);
+        `extra`: further request fields (vLLM's `structured_outputs`, `stop`, ...)."""
         body = {
+            **extra,
             "model": model,
             "prompt": prompt_ids,
             "n": n,
