@@ -82,7 +82,8 @@ class EpisodeRunner:
         if self.encode(env, messages) == without:
             raise ValueError(
                 f"environment {env.name} has tools, but the model's chat template does not render `tools` "
-                "(a tool-calling model's template does, e.g. Qwen3's; rebuild the tiny model for its)"
+                "(a tool-calling model's does, e.g. Qwen3's; a tiny model built before lorarl had tools: build it "
+                "again with `python -m lorarl.tiny_model <folder>`)"
             )
 
     async def play(self, adapter: str, env: Environment, example: Example, n: int) -> list[PlayedEpisode]:
