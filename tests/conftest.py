@@ -51,7 +51,7 @@ def vllm_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     port = free_port()
     log = tmp_path_factory.mktemp("vllm") / "inference.log"
     cmd = [sys.executable, "-m", "lorarl.cli.inference", "--model.name", str(tiny_model),
-           "--seq_len", "1024", "--inference.port", str(port), "--orchestrator.max_async_level", "2",
+           "--seq_len", "2048", "--inference.port", str(port), "--orchestrator.max_async_level", "2",
            "--inference.api_key", API_KEY]  # fmt: skip
     with open(log, "wb") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)

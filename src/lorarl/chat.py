@@ -6,6 +6,7 @@ the orchestrator imports nothing from the trainer.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal
 
 from transformers import PreTrainedTokenizerBase
@@ -15,10 +16,17 @@ Message = dict[str, Any]
 LossOn = Literal["assistant", "all", "last_turn"]
 
 
-def encode_chat(tokenizer: PreTrainedTokenizerBase, messages: list[Message], add_generation_prompt: bool) -> list[int]:
+def encode_chat(
+    tokenizer: PreTrainedTokenizerBase, messages: list[Message], add_generation_prompt: bool,
+    tools: list[dict[str, Any]] | None = None, **template_kwargs: Any,
+) -> list[int]:  # fmt: skip
+    """The conversation's token ids; `tools` (OpenAI-style schemas) and `template_kwargs` (e.g.
+    Qwen3's `enable_thinking`) go to the chat template."""
+    schemas: list[dict[Any, Any] | Callable[..., Any]] | None = None if tools is None else [*tools]
     ids = tokenizer.apply_chat_template(
-        messages, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False
-    )
+        messages, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False, tools=schemas,
+        **template_kwargs,
+    )  # fmt: skip
     return list(ids)
 
 

@@ -391,14 +391,18 @@ class DifficultyFilterConfig(Section):
 
 class EnvConfig(Section):
     id: str = "reverse_text"
-    """A built-in environment ("reverse_text", "alphabet_sort", "unscramble", "math", "search"), a
-    reasoning-gym task ("reasoning_gym:<task>", or "reasoning_gym" with args.tasks), a verifiers
-    taskset ("verifiers:<taskset package or module>", args: its config) or "package.module:factory",
-    a callable that returns an Environment."""
+    """A built-in environment ("reverse_text", "alphabet_sort", "unscramble", "math", "search", "calculator"),
+    a reasoning-gym task ("reasoning_gym:<task>", or "reasoning_gym" with args.tasks), a verifiers taskset
+    ("verifiers:<taskset package or module>", args: its config) or "package.module:factory", a callable that
+    returns an Environment."""
     weight: float = Field(1.0, gt=0)
     """Relative probability that a group plays this environment, against the other environments' weights."""
     args: dict[str, Any] = {}
     """Keyword arguments of the environment's constructor or factory; {}: its defaults."""
+    episode_timeout: float | None = Field(None, gt=0)
+    """Wall-clock seconds an episode may run from its start; once past, it ends after its last finished model
+    turn (a slow tool or environment reply is cut off) and is scored as it stands; counted in `timed_out_frac`.
+    None: the environment's own limit (none for the built-ins)."""
 
 
 class EvalConfig(Section):
@@ -465,6 +469,10 @@ class OrchestratorConfig(Section):
     command line a JSON list of such objects); absent: one "reverse_text"."""
     seed: int = 0
     """Draws each group's environment and example; the same seed gives the same example stream."""
+    chat_template_kwargs: dict[str, Any] = {}
+    """Extra variables for the model's chat template when it renders episodes, e.g. { enable_thinking = false }
+    for Qwen3 (which then opens each answer with an empty <think> block that later turns do not repeat, so
+    multi-turn episodes split into a sample per turn: `split_frac`)."""
     policy_timeout: float = Field(1800.0, gt=0)
     """Seconds the orchestrator waits for the trainer's next adapter before giving up (the trainer may
     have died)."""

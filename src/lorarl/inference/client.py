@@ -115,11 +115,20 @@ class InferenceClient:
             raise InferenceError(f"unloading adapter {name} from {self.base_url}: {status} {text[:300]}")
         self.adapters.discard(name)
 
+    async def chat(self, model: str, messages: list[dict[str, str]], **params: Any) -> str:
+        """The reply to a chat (OpenAI /v1/chat/completions, the server applying the chat template),
+        e.g. a judge's grade; `params` are further request fields (max_tokens, temperature, ...)."""
+        data = await self._json("POST", "/v1/chat/completions", {"model": model, "messages": messages, **params})
+        return str(data["choices"][0]["message"]["content"] or "")
+
     async def complete(
-        self, model: str, prompt_ids: list[int], n: int, temperature: float, top_p: float, max_tokens: int
-    ) -> list[Completion]:
-        """`n` samples for one tokenized prompt, as token ids with their logprobs (no re-tokenizing)."""
+        self, model: str, prompt_ids: list[int], n: int, temperature: float, top_p: float, max_tokens: int,
+        **extra: Any,
+    ) -> list[Completion]:  # fmt: skip
+        """`n` samples for one tokenized prompt, as token ids with their logprobs (no re-tokenizing);
+        `extra`: further request fields (vLLM's `structured_outputs`, `stop`, ...)."""
         body = {
+            **extra,
             "model": model,
             "prompt": prompt_ids,
             "n": n,

@@ -13,12 +13,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from lorarl.inference.client import Completion, InferenceClient, WorkerUnavailable
 from lorarl.inference.health import is_healthy
 
 log = logging.getLogger("lorarl.inference")
+T = TypeVar("T")
 
 
 class InferenceUnavailable(RuntimeError):
@@ -50,11 +52,18 @@ class WorkerPool:
         return sum(w.busy_seconds + (now - w._busy_since if w.in_flight else 0.0) for w in self.workers)
 
     async def complete(self, model: str, prompt_ids: list[int], n: int, **sampling: Any) -> list[Completion]:
+        return await self._route(lambda worker: worker.complete(model, prompt_ids, n, **sampling))
+
+    async def chat(self, model: str, messages: list[dict[str, str]], **params: Any) -> str:
+        return await self._route(lambda worker: worker.chat(model, messages, **params))
+
+    async def _route(self, call: Callable[[InferenceClient], Awaitable[T]]) -> T:
+        """`call` on the least busy routable worker, again elsewhere while workers fail."""
         deadline = time.monotonic() + self.unavailable_timeout
         while True:
             worker = await self._pick(deadline)
             try:
-                return await worker.complete(model, prompt_ids, n, **sampling)
+                return await call(worker)
             except WorkerUnavailable as e:
                 self._take_out(worker, e)
 

@@ -27,6 +27,9 @@ def batch_metrics(groups: list[Group], step: int) -> dict[str, float]:
         "completion_len/max": max(lengths),
         "turns/mean": statistics.fmean(len(e.episode.turns) for e in episodes),
         "truncated_frac": statistics.fmean(e.truncated for e in episodes),
+        # Episodes the chat template's re-rendered history split into several samples (episodes.py).
+        "split_frac": statistics.fmean(len(e.samples) > 1 for e in episodes),
+        "timed_out_frac": statistics.fmean(e.timed_out for e in episodes),
         "policy_version": min(g.version for g in groups),
         "policy_lag/mean": statistics.fmean(lags),
         "policy_lag/max": max(lags),

@@ -2,14 +2,22 @@
 
 An episode is trained as one token sequence: the first prompt, then each model turn (with loss)
 and the environment's replies (without loss), as long as each turn's rendered prompt extends the
-previous tokens exactly. Where the chat template would re-render earlier turns differently, the
-episode continues in a new sample, so the trainer never sees tokens the model did not produce.
+previous tokens exactly. Where the chat template would re-render earlier turns differently (Qwen3
+drops the `<think>` of turns before the last user message; `enable_thinking = false` puts an empty
+one in each prompt that the history does not repeat), the episode continues in a new sample whose
+prompt is the re-rendered history, so the trainer never sees tokens the model did not produce; such
+episodes are counted in `split_frac`. Tool results come back as `tool` messages the template renders
+(Qwen3 keeps every turn's `<think>` after the user's question, so a tool episode stays one sample).
+An episode past its environment's `episode_timeout` ends after its last finished model turn.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
+import random
 from dataclasses import dataclass, field
+from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
@@ -41,6 +49,7 @@ class PlayedEpisode:
     model_tokens: int
     truncated: bool  # the last model turn hit max_tokens
     turn_tokens: list[int] = field(default_factory=list)  # model tokens of each turn
+    timed_out: bool = False  # ended by the environment's episode_timeout
 
     @property
     def longest_turn(self) -> int:
@@ -52,46 +61,95 @@ class EpisodeRunner:
     """Plays `n` episodes of one example with one adapter version."""
 
     def __init__(
-        self, pool: WorkerPool, tokenizer: PreTrainedTokenizerBase, sampling: SamplingConfig, seq_len: int
-    ) -> None:
+        self, pool: WorkerPool, tokenizer: PreTrainedTokenizerBase, sampling: SamplingConfig, seq_len: int,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> None:  # fmt: skip
         self.pool, self.tokenizer, self.sampling, self.seq_len = pool, tokenizer, sampling, seq_len
+        self.chat_template_kwargs = chat_template_kwargs or {}
+
+    def encode(self, env: Environment, messages: list[Message]) -> list[int]:
+        """The prompt for the model's next turn, with the environment's tools shown by the template."""
+        return encode_chat(
+            self.tokenizer, messages, add_generation_prompt=True, tools=env.tool_schemas(), **self.chat_template_kwargs
+        )
+
+    def check(self, env: Environment) -> None:
+        """Fail at start, not silently in every episode, if the chat template ignores `env`'s tools."""
+        if not env.tool_schemas():
+            return
+        messages = env.prompt(next(env.examples(random.Random(0))))
+        without = encode_chat(self.tokenizer, messages, add_generation_prompt=True, **self.chat_template_kwargs)
+        if self.encode(env, messages) == without:
+            raise ValueError(
+                f"environment {env.name} has tools, but the model's chat template does not render `tools` "
+                "(a tool-calling model's does, e.g. Qwen3's; a tiny model built before lorarl had tools: build it "
+                "again with `python -m lorarl.tiny_model <folder>`)"
+            )
 
     async def play(self, adapter: str, env: Environment, example: Example, n: int) -> list[PlayedEpisode]:
+        started = asyncio.get_running_loop().time()  # the clock of asyncio.timeout_at
         messages = env.prompt(example)
-        prompt_ids = encode_chat(self.tokenizer, messages, add_generation_prompt=True)
+        prompt_ids = self.encode(env, messages)
         # The first turn of all n episodes shares its prompt: one request with n samples.
         firsts = await self._complete(adapter, prompt_ids, n, env.name)
         return list(
-            await asyncio.gather(*(self._continue(adapter, env, example, messages, prompt_ids, c) for c in firsts))
+            await asyncio.gather(
+                *(
+                    self._continue(adapter, env, Episode(example, list(messages)), prompt_ids, c, started)
+                    for c in firsts
+                )
+            )
         )
 
     async def _continue(
-        self, adapter: str, env: Environment, example: Example, messages: list[Message],
-        prompt_ids: list[int], completion: Completion,
+        self, adapter: str, env: Environment, episode: Episode, prompt_ids: list[int], completion: Completion,
+        started: float,
     ) -> PlayedEpisode:  # fmt: skip
-        episode = Episode(example, [*messages, {"role": "assistant", "content": completion.text}])
-        sample = Sample(prompt_ids)
-        sample.add(completion.token_ids, completion.logprobs)
-        samples, turn_tokens = [sample], [len(completion.token_ids)]
+        """The episode's later turns, until the environment ends it, max_turns, seq_len or its timeout."""
+        played = PlayedEpisode(episode, [Sample(prompt_ids)], 0, False)
+        self._record(played, completion)
+        deadline = None if env.episode_timeout is None else started + env.episode_timeout
+        timeout = asyncio.timeout_at(deadline)
+        try:
+            async with timeout:
+                await self._later_turns(adapter, env, played)
+        except TimeoutError:
+            if not timeout.expired():
+                raise  # not ours: from something the environment awaited
+            played.timed_out = True
+        return played
+
+    async def _later_turns(self, adapter: str, env: Environment, played: PlayedEpisode) -> None:
+        """Each turn joins the episode only once the model has answered it: an episode cut short
+        (its timeout) or out of room (seq_len) ends with a model turn."""
+        episode = played.episode
         for _ in range(env.max_turns - 1):
             reply = env.env_response(episode)
+            if inspect.isawaitable(reply):
+                reply = await reply
             if not reply:
-                break
+                return
+            next_prompt = self.encode(env, [*episode.messages, *reply])
+            if len(next_prompt) >= self.seq_len:
+                return  # no room left for another turn
+            completion = (await self._complete(adapter, next_prompt, 1, env.name))[0]
             episode.messages += reply
-            next_prompt = encode_chat(self.tokenizer, episode.messages, add_generation_prompt=True)
+            sample = played.samples[-1]
             so_far = sample.prompt_ids + sample.completion_ids
             if next_prompt[: len(so_far)] == so_far:
                 sample.add(next_prompt[len(so_far) :])
             else:
-                sample = Sample(next_prompt)
-                samples.append(sample)
-            if len(next_prompt) >= self.seq_len:
-                break  # no room left for another turn
-            completion = (await self._complete(adapter, next_prompt, 1, env.name))[0]
-            sample.add(completion.token_ids, completion.logprobs)
-            turn_tokens.append(len(completion.token_ids))
-            episode.messages.append({"role": "assistant", "content": completion.text})
-        return PlayedEpisode(episode, samples, sum(turn_tokens), completion.finish_reason == "length", turn_tokens)
+                played.samples.append(Sample(next_prompt))
+            self._record(played, completion)
+
+    @staticmethod
+    def _record(played: PlayedEpisode, completion: Completion) -> None:
+        """Add a model turn to the episode and its last sample."""
+        played.samples[-1].add(completion.token_ids, completion.logprobs)
+        played.turn_tokens.append(len(completion.token_ids))
+        played.model_tokens += len(completion.token_ids)
+        played.truncated = completion.finish_reason == "length"
+        played.episode.messages.append({"role": "assistant", "content": completion.text})
 
     async def _complete(self, adapter: str, prompt_ids: list[int], n: int, env_name: str) -> list[Completion]:
         room = self.seq_len - len(prompt_ids)

@@ -30,6 +30,7 @@ from lorarl.inference.health import wait_until_healthy
 from lorarl.inference.pool import WorkerPool
 from lorarl.inference.server import worker_urls
 from lorarl.monitor.metrics import MetricsLogger
+from lorarl.orchestrator import judge
 from lorarl.orchestrator.adapters import AdapterWatcher
 from lorarl.orchestrator.advantages import GroupAdvantages
 from lorarl.orchestrator.batch_assembly import BatchAssembler
@@ -81,7 +82,11 @@ class Orchestrator:
         self.cfg, self.ocfg, self.pool = cfg, cfg.orchestrator, pool
         self.run_folder = RunFolder(cfg.run_dir).create()
         self.metrics = MetricsLogger(self.run_folder.metrics, "orchestrator", cfg.monitor, cfg.run_name)
+        judge.use_fleet(pool, cfg.model.name)  # judges ask the base model by default: no adapter, no extra server
         envs = [load_environment(e.id, e.args) for e in self.ocfg.env]
+        for env, env_cfg in zip(envs, self.ocfg.env, strict=True):
+            if env_cfg.episode_timeout is not None:
+                env.episode_timeout = env_cfg.episode_timeout
         weights = [e.weight for e in self.ocfg.env]
         self.sampler = ExampleSampler(envs, weights, self.ocfg.seed)
         # Extra groups (fill_informative) come from a stream of their own: the first stays as without them.
@@ -98,7 +103,9 @@ class Orchestrator:
             self.step = self.run_folder.resume_step(cfg.resume.step) + 1
             self.checkpoints.restore(self.step - 1)
             log.info("resuming at step %d", self.step)
-        self.runner = EpisodeRunner(pool, tokenizer, self.ocfg.sampling, cfg.seq_len)
+        self.runner = EpisodeRunner(pool, tokenizer, self.ocfg.sampling, cfg.seq_len, self.ocfg.chat_template_kwargs)
+        for env in envs:
+            self.runner.check(env)
         self.watcher = AdapterWatcher(
             pool, self.run_folder, cfg.run_name, delete_unloaded=self.ocfg.delete_old_broadcasts
         )

@@ -11,13 +11,14 @@ from typing import Any
 
 from lorarl.orchestrator.envs.alphabet_sort import AlphabetSort
 from lorarl.orchestrator.envs.base import Environment
+from lorarl.orchestrator.envs.calculator import Calculator
 from lorarl.orchestrator.envs.math_problems import MathProblems
 from lorarl.orchestrator.envs.reverse_text import ReverseText
 from lorarl.orchestrator.envs.search import Search
 from lorarl.orchestrator.envs.unscramble import Unscramble
 
 BUILTIN: dict[str, type[Environment]] = {
-    env.name: env for env in (ReverseText, AlphabetSort, Unscramble, MathProblems, Search)
+    env.name: env for env in (ReverseText, AlphabetSort, Unscramble, MathProblems, Search, Calculator)
 }
 # Libraries whose tasks are environments: "<prefix>:<task>" is one task, "<prefix>" alone takes
 # its tasks from args. Each maps to the lorarl module that adapts it, with `check(task, args)`

@@ -4,6 +4,7 @@ An environment is a stream of examples (plain dicts), the chat messages that ope
 for multi-turn tasks an `env_response` that answers each model turn (or ends the episode), and
 weighted reward functions of the finished `Episode`. Writing one is a one-file job: subclass
 `Environment`, fill in `examples` and `prompt`, list `rewards` (see examples/custom_environment/).
+Tasks where the model calls Python functions subclass `ToolEnvironment` (envs/tool_env.py) instead.
 """
 
 from __future__ import annotations
@@ -60,6 +61,10 @@ class Environment:
     name: str = "environment"
     # Model turns per episode; `env_response` is asked for the next messages after each but the last.
     max_turns: int = 1
+    # Seconds an episode may run from its start (env responses and model turns); once past, it ends
+    # after its last finished model turn and is counted in `timed_out_frac`. None: no limit.
+    # [[orchestrator.env]] episode_timeout sets it.
+    episode_timeout: float | None = None
     rewards: list[WeightedReward] = []
 
     def examples(self, rng: random.Random) -> Iterator[Example]:
@@ -76,8 +81,13 @@ class Environment:
         """The chat messages that open an episode."""
         raise NotImplementedError
 
-    def env_response(self, episode: Episode) -> list[Message] | None:
-        """After a model turn: the next user or tool messages, or None to end the episode."""
+    def env_response(self, episode: Episode) -> list[Message] | None | Awaitable[list[Message] | None]:
+        """After a model turn: the next user or tool messages, or None to end the episode. May be
+        `async def` (waiting on a tool, a sandbox, a service); the orchestrator awaits it."""
+        return None
+
+    def tool_schemas(self) -> list[dict[str, Any]] | None:
+        """The tools the chat template shows the model (OpenAI-style schemas); None: no tools."""
         return None
 
     def solution(self, example: Example) -> str:

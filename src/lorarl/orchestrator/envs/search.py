@@ -1,9 +1,10 @@
-"""search (multi-turn, tool use): answer a question about a local document collection by searching it.
+"""search (multi-turn, tool calling): answer a question about a local document collection by searching it.
 
-The model searches by writing `<search>query</search>`; the environment replies (as a user message)
-with the top-k documents by BM25 over lowercase word tokens. An `<answer>...</answer>` ends the
-episode, as does a turn with neither tag. Reward: 1 if the answer equals the true answer after
-normalization (case, punctuation, articles), 0.5 if it contains it as whole words, else 0.
+The model calls the `search` tool (shown by the chat template, called in its `<tool_call>` format);
+each call returns the top-k documents by BM25 over lowercase word tokens as a `tool` message. A turn
+without tool calls ends the episode and is the answer, in `<answer>...</answer>`. Reward: 1 if the
+answer equals the true answer after normalization (case, punctuation, articles), 0.5 if it contains
+it as whole words, else 0. `used_tools` (weight 0) logs whether it searched.
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ import re
 from collections import Counter
 from collections.abc import Iterator
 
-from lorarl.orchestrator.envs.base import Environment, Episode, Example, Message, WeightedReward
+from lorarl.orchestrator.envs.base import Episode, Example, Message, WeightedReward
 from lorarl.orchestrator.envs.search_docs import DOCUMENTS
+from lorarl.orchestrator.envs.tool_env import ToolEnvironment, used_tools
 
-SEARCH = re.compile(r"<search>(.*?)</search>", re.DOTALL)
 ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 STOPWORDS = frozenset("a an and are at by did do does for how in is many of on the to was what which who".split())
 
@@ -64,14 +65,9 @@ def answer_match(episode: Episode) -> float:
     return 0.5 if f" {want} " in f" {got} " else 0.0
 
 
-def used_search(episode: Episode) -> float:
-    """1 if the model searched at all (logged as a metric; weight 0)."""
-    return float(any(SEARCH.search(turn) for turn in episode.turns))
-
-
-class Search(Environment):
+class Search(ToolEnvironment):
     name = "search"
-    rewards = [WeightedReward(answer_match), WeightedReward(used_search, 0.0)]
+    rewards = [WeightedReward(answer_match), WeightedReward(used_tools, 0.0)]
 
     def __init__(self, max_turns: int = 3, top_k: int = 2) -> None:
         if max_turns < 2:
@@ -80,6 +76,7 @@ class Search(Environment):
             raise ValueError(f"top_k must be in 1..{len(DOCUMENTS)}, got {top_k}")
         self.max_turns, self.top_k = max_turns, top_k
         self.index = LexicalIndex([f"{d.title} {d.text}" for d in DOCUMENTS])
+        self.tools = [self.search]
 
     def examples(self, rng: random.Random) -> Iterator[Example]:
         while True:
@@ -88,19 +85,16 @@ class Search(Environment):
 
     def prompt(self, example: Example) -> list[Message]:
         system = (
-            "Answer the question. To search the documents, write <search>words</search> and stop; the results "
-            f"come in the next message. You may search {self.max_turns - 1} times. Answer with <answer>...</answer>."
+            f"Answer the question. Search the documents with the search tool; you may search {self.max_turns - 1} "
+            "times. When you know the answer, reply without a tool call, with <answer>...</answer>."
         )
         return [{"role": "system", "content": system}, {"role": "user", "content": example["question"]}]
 
-    def env_response(self, episode: Episode) -> list[Message] | None:
-        text = episode.completion
-        queries = SEARCH.findall(text)
-        if ANSWER.search(text) or not queries:
-            return None
-        return [{"role": "user", "content": self.search_results(queries[-1])}]
+    def search(self, query: str) -> str:
+        """Search the document collection.
 
-    def search_results(self, query: str) -> str:
-        """What the search tool returns: the top-k documents, one per line."""
+        Args:
+            query: Words to look for.
+        """
         hits = [DOCUMENTS[i] for i in self.index.top_k(query, self.top_k)]
         return "\n".join(f"{d.title}: {d.text}" for d in hits) or "No results."

@@ -1,5 +1,8 @@
 """Play an environment by hand, as the orchestrator's EpisodeRunner does, with scripted answers."""
 
+import asyncio
+import inspect
+
 from lorarl.orchestrator.envs.base import Environment, Episode
 
 
@@ -9,6 +12,8 @@ def play_by_hand(env: Environment, example: dict, answers: list[str]) -> Episode
     for turn, answer in enumerate(answers[: env.max_turns], 1):
         episode.messages.append({"role": "assistant", "content": answer})
         reply = env.env_response(episode) if turn < env.max_turns else None
+        if inspect.isawaitable(reply):
+            reply = asyncio.run(reply)
         if reply is None:
             break
         episode.messages += reply

@@ -12,6 +12,10 @@ from tests.unit.orchestrator.envs.env_play import play_by_hand
 EXAMPLE = {"question": "Who founded the Sorrel Academy of Music?", "answer": "Petra Lind"}
 
 
+def search(query: str) -> str:
+    return f'<tool_call>\n{{"name": "search", "arguments": {{"query": "{query}"}}}}\n</tool_call>'
+
+
 def play(env: Search, answers: list[str], example: dict = EXAMPLE) -> Episode:
     return play_by_hand(env, example, answers)
 
@@ -21,50 +25,37 @@ def score(answers: list[str], env: Search | None = None) -> dict[str, float]:
     return asyncio.run(env.score(play(env, answers)))
 
 
-def test_a_search_returns_the_top_k_documents_as_a_user_message() -> None:
+def test_the_search_tool_returns_the_top_k_documents() -> None:
     env = Search(top_k=2)
-    episode = play(env, ["<search>Sorrel Academy in Lisle</search>"])
-    reply = env.env_response(episode)
-    assert reply is not None and [m["role"] for m in reply] == ["user"]
-    lines = reply[0]["content"].split("\n")
+    (schema,) = env.tool_schemas() or []
+    assert schema["function"]["name"] == "search" and schema["function"]["parameters"]["required"] == ["query"]
+    lines = env.search("Sorrel Academy in Lisle").split("\n")
     assert len(lines) == 2 and lines[0].startswith("Sorrel Academy: ") and "Petra Lind" in lines[0]
     assert "Lisle" in lines[1]
-    assert env.search_results("xyzzy plugh") == "No results."
+    assert env.search("xyzzy plugh") == "No results."
 
 
-def test_env_response_drives_search_then_answer() -> None:
+def test_tool_calls_drive_search_then_answer() -> None:
     env = Search(max_turns=3)
-    episode = play(
-        env, ["<search>glimmerfish</search>", "<search>Sorrel Academy</search>", "<answer>Petra Lind</answer>"]
-    )
-    assert [m["role"] for m in episode.messages] == [
-        "system",
-        "user",
-        "assistant",
-        "user",
-        "assistant",
-        "user",
-        "assistant",
-    ]
-    assert "Glimmerfish: " in episode.messages[3]["content"]
+    episode = play(env, [search("glimmerfish"), search("Sorrel Academy"), "<answer>Petra Lind</answer>"])
+    assert [m["role"] for m in episode.messages] == ["system", "user", "assistant", "tool", "assistant", "tool",
+                                                     "assistant"]  # fmt: skip
+    assert episode.messages[3]["content"].startswith("Glimmerfish: ")
     assert "Petra Lind" in episode.messages[5]["content"]
-    assert env.env_response(episode) is None  # the answer ends the episode
-    # An answer, or a turn with neither tag, ends the episode at once.
-    assert play(env, ["<answer>Petra Lind</answer>", "<search>more</search>"]).turns == ["<answer>Petra Lind</answer>"]
-    assert play(env, ["I think it is Petra Lind.", "<answer>Petra Lind</answer>"]).turns == [
-        "I think it is Petra Lind."
-    ]
-    # Only the last query of a turn is run.
-    reply = env.env_response(play(env, ["<search>glimmerfish</search><search>Fenn Canal</search>"]))
-    assert reply is not None and reply[0]["content"].startswith("Fenn Canal: ")
+    # A turn without a tool call is the answer and ends the episode.
+    assert play(env, ["<answer>Petra Lind</answer>", search("more")]).turns == ["<answer>Petra Lind</answer>"]
+    # Two calls in one turn: two results, in order.
+    reply = play(env, [search("glimmerfish") + search("Fenn Canal")]).messages[3:]
+    assert [m["content"].split(":")[0] for m in reply] == ["Glimmerfish", "Fenn Canal"]
 
 
 def test_right_answers_score_one() -> None:
-    scores = score(["<search>Sorrel Academy</search>", "<answer>Petra Lind</answer>"])
-    assert scores == {"answer_match": 1.0, "used_search": 1.0, "reward": 1.0, "reward_errors": 0}
+    scores = score([search("Sorrel Academy"), "<answer>Petra Lind</answer>"])
+    assert scores == {"answer_match": 1.0, "used_tools": 1.0, "reward": 1.0, "reward_errors": 0, "tool_calls": 1.0,
+                      "tool_malformed": 0.0, "tool_failed": 0.0, "tool_timeouts": 0.0}  # fmt: skip
     assert score(["<answer> petra lind. </answer>"])["reward"] == 1.0  # case, punctuation, spaces
     assert score(["<answer>The Petra Lind</answer>"])["reward"] == 1.0  # articles
-    assert score(["<answer>Petra Lind</answer>"])["used_search"] == 0.0  # right without searching
+    assert score(["<answer>Petra Lind</answer>"])["used_tools"] == 0.0  # right without searching
 
 
 def test_partial_wrong_and_malformed_answers() -> None:
@@ -74,15 +65,17 @@ def test_partial_wrong_and_malformed_answers() -> None:
     assert score(["<answer>Petra Lindqvist</answer>"])["reward"] == 0.0  # whole words only
     assert score(["Petra Lind"])["reward"] == 0.0  # no answer tag
     assert score(["<answer>Petra Lind"])["reward"] == 0.0  # unclosed
-    assert score(["<search>Sorrel</search>"] * 3)["reward"] == 0.0  # ran out of turns
+    assert score([search("Sorrel")] * 3)["reward"] == 0.0  # ran out of turns
     assert score([""])["reward"] == 0.0
+    malformed = score(['<tool_call>{"name": "search", "arguments": {"q": "Sorrel"}}</tool_call>', "<answer>x</answer>"])
+    assert malformed["tool_malformed"] == 1.0 and malformed["used_tools"] == 0.0
 
 
 def test_every_question_finds_its_document_first_and_its_answer_is_in_it() -> None:
     env = Search(top_k=1)
     assert 30 <= len(DOCUMENTS) <= 60 and len({d.title for d in DOCUMENTS}) == len(DOCUMENTS)
     for doc in DOCUMENTS:
-        assert env.search_results(doc.question) == f"{doc.title}: {doc.text}"
+        assert env.search(doc.question) == f"{doc.title}: {doc.text}"
         assert normalize(doc.answer) in normalize(doc.text)
 
 

@@ -3,6 +3,7 @@ the turns fit the config's seq_len and max_tokens, multi-turn episodes run to th
 reference answers score full reward."""
 
 import asyncio
+import json
 import random
 from itertools import islice
 from pathlib import Path
@@ -15,6 +16,7 @@ from lorarl.inference.client import Completion
 from lorarl.orchestrator.envs import load_environment
 from lorarl.orchestrator.envs.base import Environment, Example
 from lorarl.orchestrator.episodes import EpisodeRunner
+from lorarl.orchestrator.judge import Judge
 from lorarl.tiny_model import build_tokenizer
 from tests.conftest import REPO
 
@@ -22,13 +24,15 @@ CONFIGS = sorted(p for d in ("configs", "examples") for p in (REPO / d).rglob("*
 
 
 def reference_turns(env: Environment, example: Example) -> list[str]:
-    """What a perfect policy writes, turn by turn (the longest such episode, for search)."""
+    """What a perfect policy writes, turn by turn (the longest such episode, for the tool environments)."""
     if env.name == "alphabet_sort":
         return example["expected"]
-    if env.name == "search":
-        return [f"<search>{example['question']}</search>"] * (env.max_turns - 1) + [
-            f"<answer>{example['answer']}</answer>"
-        ]
+    if env.name == "describe_animal":
+        return [f"The {example['animal']} is a quick and clever animal."]
+    if env.name in ("search", "calculator"):
+        tool, argument = ("search", "query") if env.name == "search" else ("calculate", "expression")
+        call = json.dumps({"name": tool, "arguments": {argument: example.get("question", example.get("expression"))}})
+        return [f"<tool_call>\n{call}\n</tool_call>"] * (env.max_turns - 1) + [f"<answer>{example['answer']}</answer>"]
     return [env.solution(example)]
 
 
@@ -58,5 +62,7 @@ def test_reference_episodes_fit_the_config_and_score_full_reward(path: Path, mon
             (played,) = asyncio.run(runner.play("adapter", env, example, n=1))
             assert played.episode.turns == turns  # every turn was played: nothing cut by seq_len
             assert sum(len(s.prompt_ids) + len(s.completion_ids) for s in played.samples) <= cfg.seq_len
+            if any(isinstance(r.func, Judge) for r in env.rewards):
+                continue  # graded by a model: tests/integration/test_judge.py runs it against vLLM
             scores = asyncio.run(env.score(played.episode))
             assert scores["reward"] >= 1.0 and scores["reward_errors"] == 0, (example, scores)
