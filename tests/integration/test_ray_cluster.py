@@ -4,6 +4,7 @@ cluster.inference_resources), as node labels would on a real cluster."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 from collections.abc import Iterator
@@ -49,6 +50,7 @@ def ray_config(tiny_model: Path, tmp_path: Path, nodes: Nodes, run_name: str, **
         "address": nodes.address,
         "trainer_resources": {"trainer_node": 1},
         "inference_resources": {"inference_node": 1},
+        **cfg.get("cluster", {}),
     }
     return write_config(cfg, tmp_path / f"{run_name}.json")
 
@@ -82,18 +84,33 @@ def test_trainer_and_vllm_on_different_nodes(tiny_model: Path, tmp_path: Path, r
     assert_nothing_left_on_ray()
 
 
-def test_sigint_leaves_no_actor_placement_group_or_process(tiny_model: Path, tmp_path: Path, ray_nodes: Nodes) -> None:
-    config = ray_config(tiny_model, tmp_path, ray_nodes, "sigint", max_steps=1000)
+def test_without_a_shared_folder_then_sigint(tiny_model: Path, tmp_path: Path, ray_nodes: Nodes) -> None:
+    """cluster.shared_fs = false: each node has a folder of its own (distinct paths here: they hold the
+    node id), adapters and batches travel through Ray's object store, and the vLLM worker loads every
+    adapter from its node's folder only. Then Ctrl-C: no actor, placement group or process is left."""
+    node_dir = tmp_path / "node-local"
+    config = ray_config(tiny_model, tmp_path, ray_nodes, "apart", max_steps=1000,
+                        **{"cluster.shared_fs": False, "cluster.node_dir": str(node_dir)})  # fmt: skip
+    port = json.loads(config.read_text())["inference"]["port"]
     proc = subprocess.Popen(rl_command(config), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    run = tmp_path / "sigint"
+    run = tmp_path / "apart"
+    trainer_root, inference_root = node_dir / ray_nodes.trainer / "apart", node_dir / ray_nodes.inference / "apart"
     try:
-        wait_for_trainer_steps(proc, run, 1)
+        wait_for_trainer_steps(proc, run, 3)  # the trainer's metrics reach the run folder
+        # The adapters arrived on the inference node as PEFT folders; its vLLM loaded them from there.
+        shipped = sorted(inference_root.glob("broadcasts/step_*/STABLE"))
+        assert shipped and (shipped[-1].parent / "adapter_config.json").is_file()
+        vllm_log = (inference_root / "logs" / "inference-0.log").read_text()
+        assert f"name 'apart-step2', path '{inference_root}/broadcasts/step_2'" in vllm_log
+        assert str(trainer_root) not in vllm_log and str(run) not in vllm_log
+        trainer_log = (trainer_root / "logs" / "trainer.log").read_text()
+        assert f"wrote the starting adapter to {trainer_root}/broadcasts/step_0" in trainer_log
+        assert not (run / "logs" / "trainer.log").exists()  # copied here only when the run ends
         # The placed processes are children of Ray's workers, not of rl: found by their commands.
-        placed = [p for p in psutil.process_iter(["cmdline"]) if str(run / "configs") in " ".join(p.info["cmdline"] or [])
-                  or (f"--port {config_port(config)}" in " ".join(p.info["cmdline"] or []))]  # fmt: skip
-        tree = [q for p in placed for q in [p, *p.children(recursive=True)]]
+        tree = [q for p in psutil.process_iter(["cmdline"]) if is_placed(p.info["cmdline"], run, trainer_root, port)
+                for q in [p, *p.children(recursive=True)]]  # fmt: skip
         names = " ".join(" ".join(p.cmdline()) for p in tree)
-        assert "vllm" in names and "lorarl.cli.trainer" in names
+        assert "vllm" in names and "lorarl.cli.trainer" in names and "lorarl.cli.orchestrator" in names
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=120) == 130, proc.stderr.read() if proc.stderr else ""
     finally:
@@ -102,9 +119,20 @@ def test_sigint_leaves_no_actor_placement_group_or_process(tiny_model: Path, tmp
     gone, alive = psutil.wait_procs(tree, timeout=30)
     assert not alive, [p.cmdline() for p in alive]
     assert_nothing_left_on_ray()
+    assert "step" in (run / "logs" / "trainer.log").read_text()  # each node's log, copied back
 
 
-def config_port(config: Path) -> int:
-    import json
+def is_placed(cmdline: list[str] | None, run: Path, trainer_root: Path, port: int) -> bool:
+    line = " ".join(cmdline or [])
+    return str(run / "configs") in line or str(trainer_root / "configs") in line or f"--port {port} " in line
 
-    return int(json.loads(config.read_text())["inference"]["port"])
+
+def test_bundles_the_cluster_cannot_grant_stop_the_run_and_leave_nothing(
+    tiny_model: Path, tmp_path: Path, ray_nodes: Nodes
+) -> None:
+    config = ray_config(tiny_model, tmp_path, ray_nodes, "unplaced", **{"cluster.placement_timeout": 3,
+                        "cluster.trainer_resources": {"no_such_node": 1}})  # fmt: skip
+    result = run_rl(config, timeout=120)
+    assert result.returncode == 1
+    assert "cluster.placement_timeout" in result.stderr and "trainer {CPU: 1, no_such_node: 1}" in result.stderr
+    assert_nothing_left_on_ray()

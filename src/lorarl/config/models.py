@@ -580,6 +580,14 @@ class InferenceConfig(Section):
             )
         return self
 
+    @model_validator(mode="after")
+    def _a_run_dir_per_worker(self) -> InferenceConfig:
+        workers = len(self.urls) or self.num_workers
+        if self.worker_run_dirs and len(self.worker_run_dirs) != workers:
+            raise ValueError(f"worker_run_dirs lists {len(self.worker_run_dirs)} folders for {workers} workers: "
+                             "one per worker, or none")  # fmt: skip
+        return self
+
     @property
     def memory_fraction(self) -> float:
         """gpu_memory_utilization, or its default: less of each GPU when the trainer shares it."""

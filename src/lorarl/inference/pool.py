@@ -38,8 +38,10 @@ class WorkerPool:
         """`run_dirs`: for each worker, (the run folder here, the same on its machine), if they differ."""
         if not urls:
             raise ValueError("no inference worker URLs")
-        dirs = run_dirs or [None] * len(urls)
-        self.workers = [InferenceClient(u, timeout, api_key=api_key, run_dirs=d) for u, d in zip(urls, dirs, strict=True)]
+        dirs: list[tuple[str, str] | None] = list(run_dirs) if run_dirs else [None] * len(urls)
+        self.workers = [
+            InferenceClient(u, timeout, api_key=api_key, run_dirs=d) for u, d in zip(urls, dirs, strict=True)
+        ]
         self.routable = list(self.workers)
         self.unavailable_timeout, self.poll = unavailable_timeout, poll
         # Every adapter the run has loaded and not unloaded: name -> folder. A returning worker gets them all.

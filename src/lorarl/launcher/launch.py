@@ -6,7 +6,8 @@ A worker that dies is restarted (`inference.max_restarts`); the orchestrator rou
 meanwhile. A trainer or orchestrator that dies restarts both from the latest complete checkpoint
 (`auto_resume`), keeping the workers. Any other failure stops every process, and the run ends
 non-zero with the tail of the failing log. Ctrl-C or SIGTERM stops everything and leaves no
-process behind.
+process behind. On a Ray cluster (cluster.backend = "ray") the same loop drives `RayCluster`, which
+places the workers and trainer ranks on the cluster's nodes and has the `Supervisor`'s interface.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ def launch(cfg: RLConfig, run: RunFolder, specs: list[ProcessSpec], placement: P
             supervisor = RayCluster(cfg, run)
             log.info("placing the run on Ray (%s)", cfg.cluster.address or "a Ray instance of its own")
             placement = supervisor.open()
+            cfg = supervisor.cfg  # with each worker's own run folder, if they have their own (cluster.shared_fs)
             specs = plan_run(cfg, run, placement)  # the workers' addresses are known now
         log.info("placement (%s):\n%s", run.configs / "placement.txt", placement.table().rstrip())
         return supervise(cfg, run, specs, supervisor, placement)

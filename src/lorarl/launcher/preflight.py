@@ -75,6 +75,11 @@ def check_cluster(cfg: RLConfig) -> None:
     if not inf.urls and inf.api_key is None:
         raise PreflightError('inference.api_key is required with cluster.backend = "ray": the vLLM servers rl starts '
                              "listen on their nodes' addresses, reachable from other machines")  # fmt: skip
+    if not cluster.shared_fs and (cfg.auto_resume or cfg.resume is not None):
+        raise PreflightError(
+            f"{'--resume' if cfg.resume is not None else '--auto_resume'}: with cluster.shared_fs = false the "
+            "trainer's checkpoints stay on its node; resume needs a shared run folder (cluster.shared_fs = true)"
+        )
     if importlib.util.find_spec("ray") is None:
         raise PreflightError('cluster.backend = "ray", but Ray is not installed here (pip install "ray[default]")')
 
