@@ -3,9 +3,10 @@
 Each vLLM worker and each trainer rank gets a bundle of one placement group (bundles.py) and, in
 it, a small actor, `ProcessHost`, that runs the very command `rl` runs locally (plan.py) with a
 `Supervisor` of its own on that node: same entry point, own process group, log in the run folder's
-logs/. The orchestrator stays a local subprocess, where `rl` runs. `launch.py` drives this class
-exactly as the local `Supervisor`, so failures, restarts, auto_resume and Ctrl-C behave the same;
-`stop_all` also removes every actor and the placement group, and stops Ray if `rl` started it.
+logs/ (with cluster.shared_fs = false, in the node's copy, fetched at the end). The orchestrator
+stays a local subprocess, where `rl` runs. `launch.py` drives this class exactly as the local
+`Supervisor`, so failures, restarts, auto_resume and Ctrl-C behave the same; `stop_all` also
+removes every actor and the placement group, and stops Ray if `rl` started it.
 
 The run folder is where adapters and rollout batches meet, so before anything starts every node
 proves it sees the same one: each writes a probe file there that every other node must read.
@@ -112,6 +113,7 @@ class RayCluster:
         self.group: Any = None
         self.roots: list[str] = []  # the run folder each bundle's process uses on its node
         self.relay: Relay | None = None  # cluster.shared_fs = false
+        self.lost: set[int] = set()  # bundles whose actor is gone (reported once)
 
     def open(self) -> Placement:
         """Connect to (or start) Ray, place every bundle, start an actor in each and check that every
@@ -121,10 +123,13 @@ class RayCluster:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         cluster = self.cfg.cluster
-        if cluster.address is None:  # a Ray instance of the run's own
-            ray.init(namespace="lorarl", log_to_driver=False, include_dashboard=False)
-        else:
-            ray.init(address=cluster.address, namespace="lorarl", log_to_driver=False)
+        try:
+            if cluster.address is None:  # a Ray instance of the run's own
+                ray.init(namespace="lorarl", log_to_driver=False, include_dashboard=False)
+            else:
+                ray.init(address=cluster.address, namespace="lorarl", log_to_driver=False)
+        except (ConnectionError, RuntimeError, ValueError) as e:
+            raise ClusterError(f"cluster.address {cluster.address}: cannot reach the Ray cluster: {e}") from None
         gpus = ray.cluster_resources().get("GPU", 0) > 0
         self.bundles = plan_bundles(self.cfg, gpus)
         self.group = placement_group([b.resources for b in self.bundles], strategy="PACK",
@@ -211,7 +216,10 @@ class RayCluster:
             env |= {"WORLD_SIZE": str(len(mine)), "MASTER_ADDR": self.nodes[mine[0]][1], "MASTER_PORT": str(port),
                     "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}  # fmt: skip # Ray shows each rank its own GPU
         specs = {i: ProcessSpec(self._log_name(i), self._command(spec, i), env | self._rank_env(i)) for i in mine}
-        ray.get([self.hosts[i].start.remote(s, sys.executable, f"{self.roots[i]}/logs") for i, s in specs.items()])
+        try:
+            ray.get([self.hosts[i].start.remote(s, sys.executable, f"{self.roots[i]}/logs") for i, s in specs.items()])
+        except ray.exceptions.RayError as e:  # e.g. a worker restarted on a node that is gone
+            raise ClusterError(f"{spec.name}: could not start on node {self.nodes[mine[0]][0][:12]}: {e}") from None
 
     def _command(self, spec: ProcessSpec, i: int) -> list[str]:
         """`spec`'s command for bundle i. With cluster.shared_fs = false, a trainer rank's config goes to
@@ -242,7 +250,9 @@ class RayCluster:
             try:
                 codes.append(ray.get(h.poll.remote()))
             except ray.exceptions.RayError as e:  # the actor or its node is gone
-                log.error("%s: lost its Ray actor on node %s: %s", self._log_name(i), self.nodes[i][0][:12], e)
+                if i not in self.lost:
+                    log.error("%s: lost its Ray actor on node %s: %s", self._log_name(i), self.nodes[i][0][:12], e)
+                    self.lost.add(i)
                 codes.append(LOST)
         return codes
 
@@ -265,7 +275,8 @@ class RayCluster:
         import ray
 
         self.local.stop([n for n in names if not self._mine(n) and n in self.local.procs], grace)
-        calls = [self.hosts[i].stop.remote(grace) for n in names for i in self._mine(n)]
+        # Only the actors there are: a start that failed halfway has fewer than bundles.
+        calls = [self.hosts[i].stop.remote(grace) for n in names for i in self._mine(n) if i < len(self.hosts)]
         for call in calls:
             try:
                 ray.get(call, timeout=grace + 30)
