@@ -136,3 +136,13 @@ def test_bundles_the_cluster_cannot_grant_stop_the_run_and_leave_nothing(
     assert result.returncode == 1
     assert "cluster.placement_timeout" in result.stderr and "trainer {CPU: 1, no_such_node: 1}" in result.stderr
     assert_nothing_left_on_ray()
+
+
+def test_a_failing_placed_process_stops_the_run_with_its_log_tail(
+    tiny_model: Path, tmp_path: Path, ray_nodes: Nodes
+) -> None:
+    config = ray_config(tiny_model, tmp_path, ray_nodes, "fails", **{"inference.extra_args": ["--no-such-flag"]})
+    result = run_rl(config, timeout=300)
+    assert result.returncode == 1
+    assert "inference-0 exited with code" in result.stderr and "--no-such-flag" in result.stderr  # its log's tail
+    assert_nothing_left_on_ray()
