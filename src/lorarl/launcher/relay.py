@@ -71,8 +71,8 @@ def remove(path: str) -> None:
 
 class Relay:
     """Runs in `rl`'s process, in a thread of its own, while the run goes. `trainer`: the host actor of
-    trainer rank 0 and its node's run folder; `readers`: (actor, run folder) of every other node
-    that reads adapters (inference) or batches (trainer), each node once."""
+    trainer rank 0 and its node's run folder; `inference` and `trainers`: (actor, run folder) of each
+    node that reads adapters (vLLM) or batches (trainer ranks), each node once."""
 
     def __init__(
         self,
