@@ -64,6 +64,10 @@ class RunFolder:
     def samples(self, step: int) -> Path:
         return self.root / "samples" / f"step_{step}.jsonl"
 
+    def probe(self, node: str) -> Path:
+        """The file by which node `node` shows the others it sees this folder (removed once read)."""
+        return self.root / f".probe-{node}"
+
     def checkpoint(self, step: int) -> Path:
         """Both halves of the checkpoint of `step`: `trainer/` and `orchestrator/`."""
         return self.root / "checkpoints" / f"step_{step}"

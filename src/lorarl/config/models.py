@@ -568,6 +568,10 @@ class InferenceConfig(Section):
     """Seconds the orchestrator keeps retrying while no worker answers (each failing worker is taken
     out of routing and put back once healthy, with the adapters in use); then the run stops."""
 
+    worker_run_dirs: list[str] = []
+    """The run folder as each worker's machine sees it (worker i: the i-th), where the orchestrator tells
+    it to load adapters from (broadcasts/step_N under it): for servers that mount it at another path, and
+    set by `rl` on a Ray cluster with cluster.shared_fs = false (each node's copy). []: its own path."""
     api_key: str | None = None
     """Key the vLLM servers `rl` starts require (vLLM's `--api-key`) and the orchestrator sends
     (`Authorization: Bearer`), also to servers given by urls. Required when host is not a loopback
@@ -583,6 +587,14 @@ class InferenceConfig(Section):
             raise ValueError(
                 f"inference.api_key is required when inference.host ({self.host}) is not a loopback address"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _a_run_dir_per_worker(self) -> InferenceConfig:
+        workers = len(self.urls) or self.num_workers
+        if self.worker_run_dirs and len(self.worker_run_dirs) != workers:
+            raise ValueError(f"worker_run_dirs lists {len(self.worker_run_dirs)} folders for {workers} workers: "
+                             "one per worker, or none")  # fmt: skip
         return self
 
     @property
@@ -676,6 +688,35 @@ class SharedConfig(Section):
         return self.output_dir / self.run_name
 
 
+class ClusterConfig(Section):
+    backend: Literal["local", "ray"] = "local"
+    """Where `rl` starts the vLLM workers and the trainer: "local": subprocesses on this machine; "ray": on
+    the nodes of a Ray cluster, through one placement group (README "Running on a Ray cluster"). The
+    orchestrator always runs where `rl` runs."""
+    address: str | None = None
+    """The Ray cluster to use (backend "ray"): "auto" (the one `ray start` set up on this node), "host:port"
+    of its head (GCS), or "ray://host:port" (Ray Client). None: start a Ray instance on this machine for the
+    run, and stop it at the end."""
+    shared_fs: bool = True
+    """Every node sees the run folder at the same path (NFS, Lustre, ...), which is where adapters and
+    rollout batches meet; `rl` checks it at start (each node writes a probe file the others must read) and
+    stops, naming the nodes, if not. False: ship each adapter version and each rollout batch through Ray's
+    object store to node_dir on the nodes that read it."""
+    node_dir: Path = Path("/tmp/lorarl-nodes")
+    """With shared_fs = false: the folder on every node under which it keeps its copy of the run folder
+    (`<node_dir>/<node id>/<run_name>/`)."""
+    trainer_resources: dict[str, float] = {}
+    """Ray resources added to the bundle of each trainer rank, to pin the trainer to some nodes: a custom
+    resource the nodes were started with (`ray start --resources '{"trainer": 1}'`), or Ray's own
+    "node:<ip>" (e.g. {"node:10.0.0.5" = 0.01}). {}: any node with the GPU (or CPU) it needs."""
+    inference_resources: dict[str, float] = {}
+    """Ray resources added to the bundle of each vLLM worker, as trainer_resources. {}: any node with
+    tensor_parallel_size GPUs (or a CPU)."""
+    placement_timeout: float = Field(300.0, gt=0)
+    """Seconds to wait for the Ray cluster to grant every bundle (an autoscaler may add nodes meanwhile);
+    then `rl` stops and names the bundles it could not place."""
+
+
 class RLConfig(SharedConfig):
     """`rl`: a trainer that updates a LoRA adapter, an orchestrator that samples and scores rollouts
     through vLLM, and the vLLM servers."""
@@ -688,6 +729,8 @@ class RLConfig(SharedConfig):
     """The orchestrator: samples rollouts through vLLM, scores them and writes a batch for every step."""
     inference: InferenceConfig = InferenceConfig()
     """The vLLM servers: started by `rl` (`inference` starts one alone), or already running (urls)."""
+    cluster: ClusterConfig = ClusterConfig()
+    """Where the processes run: this machine, or the nodes of a Ray cluster."""
     resume: ResumeConfig | None = None
     """Continue from a checkpoint in this run folder, with the same examples as a run that never stopped:
     `--resume` (the latest) or `--resume.step N`. What the run wrote after that step is dropped, and its

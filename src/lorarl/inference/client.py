@@ -46,8 +46,17 @@ class Completion:
 class InferenceClient:
     """One vLLM server. `in_flight` counts requests not yet answered (for routing)."""
 
-    def __init__(self, base_url: str, timeout: float = 600.0, retries: int = 3, api_key: str | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        timeout: float = 600.0,
+        retries: int = 3,
+        api_key: str | None = None,
+        run_dirs: tuple[str, str] | None = None,
+    ) -> None:
         self.base_url = base_url.rstrip("/")
+        # (the run folder here, the same folder on the server's machine): adapter paths are sent as the latter.
+        self.run_dirs = run_dirs
         self.in_flight = 0
         # Adapter names loaded through this client (the pool resets it from /v1/models after an outage).
         self.adapters: set[str] = set()
@@ -97,6 +106,8 @@ class InferenceClient:
         return list((await self._json("GET", "/v1/models"))["data"])
 
     async def load_adapter(self, name: str, path: str) -> None:
+        if self.run_dirs is not None and path.startswith(self.run_dirs[0]):
+            path = self.run_dirs[1] + path[len(self.run_dirs[0]) :]
         body = {"lora_name": name, "lora_path": path}
         status, text = await self._request("POST", "/v1/load_lora_adapter", body)
         if status == 400 and "already been loaded" in text:

@@ -35,10 +35,15 @@ class WorkerPool:
         timeout: float = 600.0,
         unavailable_timeout: float = 300.0,
         poll: float = 0.5,
+        run_dirs: list[tuple[str, str]] | None = None,
     ) -> None:
+        """`run_dirs`: for each worker, (the run folder here, the same on its machine), if they differ."""
         if not urls:
             raise ValueError("no inference worker URLs")
-        self.workers = [InferenceClient(u, timeout, api_key=api_key) for u in urls]
+        dirs: list[tuple[str, str] | None] = list(run_dirs) if run_dirs else [None] * len(urls)
+        self.workers = [
+            InferenceClient(u, timeout, api_key=api_key, run_dirs=d) for u, d in zip(urls, dirs, strict=True)
+        ]
         self.routable = list(self.workers)
         self.unavailable_timeout, self.poll = unavailable_timeout, poll
         # Every adapter the run has loaded and not unloaded: name -> folder. A returning worker gets them all.

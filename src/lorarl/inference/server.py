@@ -15,19 +15,25 @@ def vllm_max_lora_rank(rank: int) -> int:
     return next(r for r in VLLM_LORA_RANKS if r >= rank)
 
 
-def worker_urls(cfg: RLConfig) -> list[str]:
+def worker_urls(cfg: RLConfig, hosts: list[str] | None = None) -> list[str]:
+    """The URL of every worker: inference.urls, or those `rl` starts at inference.host, or at `hosts`
+    (worker i's node address, where Ray placed them)."""
     inf = cfg.inference
-    return list(inf.urls) or [f"http://{inf.host}:{inf.port + i}" for i in range(inf.num_workers)]
+    if inf.urls:
+        return list(inf.urls)
+    return [f"http://{hosts[i] if hosts else inf.host}:{inf.port + i}" for i in range(inf.num_workers)]
 
 
-def vllm_command(cfg: RLConfig, worker: int = 0) -> list[str]:
+def vllm_command(cfg: RLConfig, worker: int = 0, host: str | None = None) -> list[str]:
+    """The command of worker `worker`, listening on `host` (its node's address where Ray placed it)
+    or inference.host."""
     inf = cfg.inference
     return [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", cfg.model.name,
         "--dtype", cfg.model.dtype,
         "--max-model-len", str(cfg.seq_len),
-        "--host", inf.host,
+        "--host", host or inf.host,
         "--port", str(inf.port + worker),
         "--seed", str(cfg.seed),
         "--enable-lora",

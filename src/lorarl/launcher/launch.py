@@ -6,7 +6,8 @@ A worker that dies is restarted (`inference.max_restarts`); the orchestrator rou
 meanwhile. A trainer or orchestrator that dies restarts both from the latest complete checkpoint
 (`auto_resume`), keeping the workers. Any other failure stops every process, and the run ends
 non-zero with the tail of the failing log. Ctrl-C or SIGTERM stops everything and leaves no
-process behind.
+process behind. On a Ray cluster (cluster.backend = "ray") the same loop drives `RayCluster`, which
+places the workers and trainer ranks on the cluster's nodes and has the `Supervisor`'s interface.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from lorarl.inference.health import wait_until_healthy
 from lorarl.inference.server import worker_urls
 from lorarl.launcher.placement import Placement
 from lorarl.launcher.plan import ProcessSpec, plan_run
+from lorarl.launcher.ray_cluster import ClusterError, RayCluster  # imports Ray only once a run uses it
 from lorarl.launcher.supervisor import Supervisor
 from lorarl.monitor.console import StepPrinter
 from lorarl.run_folder import RunFolder
@@ -41,13 +43,22 @@ def launch(cfg: RLConfig, run: RunFolder, specs: list[ProcessSpec], placement: P
 
     signal.signal(signal.SIGINT, _stop)
     signal.signal(signal.SIGTERM, _stop)
-    log.info("placement (%s):\n%s", run.configs / "placement.txt", placement.table().rstrip())
-    supervisor = Supervisor(run.logs)
+    supervisor: Supervisor | RayCluster = Supervisor(run.logs)
     try:
+        if placement.ray:
+            supervisor = RayCluster(cfg, run)
+            log.info("placing the run on Ray (%s)", cfg.cluster.address or "a Ray instance of its own")
+            placement = supervisor.open()
+            cfg = supervisor.cfg  # with each worker's own run folder, if they have their own (cluster.shared_fs)
+            specs = plan_run(cfg, run, placement)  # the workers' addresses are known now
+        log.info("placement (%s):\n%s", run.configs / "placement.txt", placement.table().rstrip())
         return supervise(cfg, run, specs, supervisor, placement)
     except Stop as e:
         log.info("%s: stopping every process of the run", e)
         return 130
+    except ClusterError as e:
+        log.error("%s", e)
+        return 1
     finally:
         # Ignore further signals while stopping, so a second Ctrl-C cannot leave orphans.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -56,16 +67,17 @@ def launch(cfg: RLConfig, run: RunFolder, specs: list[ProcessSpec], placement: P
 
 
 def supervise(
-    cfg: RLConfig, run: RunFolder, specs: list[ProcessSpec], supervisor: Supervisor, placement: Placement
+    cfg: RLConfig, run: RunFolder, specs: list[ProcessSpec], supervisor: Supervisor | RayCluster, placement: Placement
 ) -> int:
     workers = [s for s in specs if s.name.startswith("inference-")]
     roles = [s for s in specs if s not in workers]
     for spec in workers:
         start(supervisor, spec)
+    urls = worker_urls(cfg, placement.worker_hosts())
     if workers:
-        log.info("waiting for vLLM at %s", ", ".join(worker_urls(cfg)))
+        log.info("waiting for vLLM at %s", ", ".join(urls))
     try:
-        wait_until_healthy(worker_urls(cfg), cfg.inference.startup_timeout, alive=lambda: supervisor.failed() is None)
+        wait_until_healthy(urls, cfg.inference.startup_timeout, alive=lambda: supervisor.failed() is None)
     except RuntimeError:
         return report_failure(supervisor, *supervisor.failed() or ("inference", 1))
     except TimeoutError as e:
@@ -102,7 +114,7 @@ def supervise(
 
 
 def resume_roles(
-    cfg: RLConfig, run: RunFolder, roles: list[ProcessSpec], supervisor: Supervisor, placement: Placement
+    cfg: RLConfig, run: RunFolder, roles: list[ProcessSpec], supervisor: Supervisor | RayCluster, placement: Placement
 ) -> list[ProcessSpec]:
     """Stop the trainer and orchestrator, then start both again from the latest checkpoint."""
     supervisor.stop([s.name for s in roles])
@@ -114,12 +126,12 @@ def resume_roles(
     return new_roles
 
 
-def start(supervisor: Supervisor, spec: ProcessSpec) -> None:
+def start(supervisor: Supervisor | RayCluster, spec: ProcessSpec) -> None:
     supervisor.start(spec)
     log.info("started %s (log: %s)", spec.name, supervisor.log_path(spec.name))
 
 
-def report_failure(supervisor: Supervisor, name: str, code: int) -> int:
+def report_failure(supervisor: Supervisor | RayCluster, name: str, code: int) -> int:
     log.error("%s exited with code %d; stopping the run. Last lines of %s:\n%s", name, code,
               supervisor.log_path(name), supervisor.tail(name))  # fmt: skip
     return 1

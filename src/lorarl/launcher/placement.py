@@ -22,7 +22,8 @@ from pathlib import Path
 from lorarl.config.models import RLConfig
 from lorarl.run_folder import RunFolder
 
-LOCAL = "local"  # the node of every process, until placement spans several nodes
+LOCAL = "local"  # the node of every process on the local backend
+RAY = "ray"  # the node of a process Ray will place (cluster.backend = "ray"), until it has
 
 
 class PlacementError(ValueError):
@@ -38,9 +39,13 @@ class Slot:
     gpus: tuple[int, ...]  # indices among the GPUs rl sees; () on the CPU
     port: str  # what it listens on: a number, a description, or "-"
     log: Path
+    host: str | None = None  # the address its node is reached at, when Ray placed it (None: inference.host)
+    bundle: str | None = None  # its Ray bundle(s), what it asks of its node (cluster.backend = "ray")
 
     @property
     def devices(self) -> str:
+        if self.bundle is not None:
+            return self.bundle
         return f"gpu {_ids(self.gpus)}" if self.gpus else "cpu"
 
 
@@ -53,9 +58,15 @@ class Placement:
     idle: tuple[int, ...]  # GPUs no process uses
     memory_fraction: float  # of each of its GPUs a vLLM server takes (--gpu-memory-utilization)
     pretended: bool = False  # gpus is a dry run's dry_run_devices, not this machine's
+    ray: bool = False  # the slots are Ray bundles (cluster.backend = "ray"): Ray gives each its devices
 
     def __getitem__(self, name: str) -> Slot:
         return next(s for s in self.slots if s.name == name)
+
+    def worker_hosts(self) -> list[str] | None:
+        """The address of each vLLM worker's node, once Ray has placed them; None: inference.host."""
+        hosts = [s.host for s in self.slots if s.name.startswith("inference-")]
+        return [h for h in hosts if h is not None] or None
 
     @property
     def on_gpu(self) -> bool:
@@ -67,6 +78,13 @@ class Placement:
         rows += [(s.name, s.node, s.devices, s.port, str(s.log)) for s in self.slots]
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
         lines = ["  ".join([*(c.ljust(w) for c, w in zip(r, widths, strict=False)), r[-1]]) for r in rows]
+        if self.ray:
+            placed = all(s.node != RAY for s in self.slots)
+            lines.append(
+                "Ray placement group (PACK): one bundle per vLLM worker and per trainer rank; "
+                + ("node: the Ray node id" if placed else "Ray picks the nodes when the run starts")
+            )
+            return "\n".join(lines) + "\n"
         if not self.on_gpu:
             lines.append("no GPU: every process on the CPU")
             return "\n".join(lines) + "\n"

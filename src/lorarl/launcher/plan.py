@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass, field
 
 from lorarl.config.models import RLConfig
-from lorarl.inference.server import vllm_command, vllm_env
+from lorarl.inference.server import vllm_command, vllm_env, worker_urls
 from lorarl.launcher.placement import Placement, cuda_visible_devices
 from lorarl.run_folder import RunFolder
 
@@ -43,12 +43,16 @@ def plan_run(cfg: RLConfig, run: RunFolder, placement: Placement) -> list[Proces
         if not cfg.inference.urls:
             cfg.inference.gpu_ids = [g for s in placement.slots if s.name.startswith("inference-") for g in s.gpus]
         cfg.trainer.gpu_ids = list(placement["trainer"].gpus)
-    elif not cfg.inference.urls and cfg.trainer.num_threads is None:
+    elif not cfg.inference.urls and cfg.trainer.num_threads is None and not placement.ray:
         free_cores = (os.cpu_count() or 1) - cfg.inference.num_workers * cfg.inference.tensor_parallel_size
         cfg.trainer.num_threads = max(1, free_cores // cfg.trainer.parallel.dp)
+    hosts = placement.worker_hosts()
+    # Workers that Ray placed are reached at their nodes' addresses: the orchestrator gets those URLs.
+    placed = {"inference": cfg.inference.model_copy(update={"urls": worker_urls(cfg, hosts)})} if hosts else {}
     for role, sections in _SECTIONS.items():
+        role_cfg = cfg.model_copy(update=placed) if role == "orchestrator" else cfg
         (run.configs / f"{role}.json").write_text(
-            json.dumps(cfg.model_dump(mode="json", include=sections), indent=2) + "\n"
+            json.dumps(role_cfg.model_dump(mode="json", include=sections), indent=2) + "\n"
         )
     # A dry run's pretended GPUs are not this machine's: its CUDA_VISIBLE_DEVICES does not map them.
     parent = None if cfg.dry_run_devices is not None else os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -57,11 +61,13 @@ def plan_run(cfg: RLConfig, run: RunFolder, placement: Placement) -> list[Proces
         return cuda_visible_devices(placement[name].gpus, parent) if placement.on_gpu else None
 
     specs = [
-        ProcessSpec(f"inference-{i}", vllm_command(cfg, i), vllm_env(cfg, gpus(f"inference-{i}")))
+        ProcessSpec(
+            f"inference-{i}", vllm_command(cfg, i, hosts[i] if hosts else None), vllm_env(cfg, gpus(f"inference-{i}"))
+        )
         for i in range(0 if cfg.inference.urls else cfg.inference.num_workers)
     ]
     for role in ("orchestrator", "trainer"):
-        cmd = [*_launcher(cfg, role), "-m", f"lorarl.cli.{role}", "@", str(run.configs / f"{role}.json")]
+        cmd = [*_launcher(cfg, role, placement.ray), "-m", f"lorarl.cli.{role}", "@", str(run.configs / f"{role}.json")]
         # The trainer's ranks see their GPUs as cuda:0..dp-1 and each takes cuda:LOCAL_RANK.
         env = {"CUDA_VISIBLE_DEVICES": devices} if role == "trainer" and (devices := gpus(role)) else {}
         specs.append(ProcessSpec(role, cmd, env))
@@ -75,6 +81,7 @@ def torchrun(nproc: int) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
 
 
-def _launcher(cfg: RLConfig, role: str) -> list[str]:
+def _launcher(cfg: RLConfig, role: str, ray: bool) -> list[str]:
+    # On Ray each trainer rank is a process of its own, in its own bundle (ray_cluster.py), not torchrun's.
     dp = cfg.trainer.parallel.dp
-    return torchrun(dp) if role == "trainer" and dp > 1 else [sys.executable]
+    return torchrun(dp) if role == "trainer" and dp > 1 and not ray else [sys.executable]

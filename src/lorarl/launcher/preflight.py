@@ -7,6 +7,7 @@ names the key and the value at fault.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import socket
@@ -14,11 +15,13 @@ import sys
 from pathlib import Path
 
 from lorarl.config.models import RLConfig, SFTConfig
+from lorarl.launcher.bundles import plan_bundles, ray_placement
 from lorarl.launcher.placement import Placement, place
 from lorarl.orchestrator.envs import check_environment
 from lorarl.plugins import PluginError, load_function
 
 _HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+_RAY_ADDRESS = re.compile(r"^(auto|(ray://)?[\w.-]+:\d+)$")
 
 
 class PreflightError(Exception):
@@ -28,17 +31,57 @@ class PreflightError(Exception):
 def check_rl(cfg: RLConfig, gpus: int) -> Placement:
     """Every check of `rl @ cfg` on a machine with `gpus` GPUs; returns where each process goes."""
     check_model(cfg.model.name)
+    check_cluster(cfg)
     try:
         cfg.lora.check_for_rl()
-        placement = place(cfg, gpus)
+        # On Ray, a dry run shows GPU bundles when this machine has GPUs (or pretends to); a run asks the cluster.
+        placement = (
+            ray_placement(cfg, plan_bundles(cfg, gpus > 0)) if cfg.cluster.backend == "ray" else place(cfg, gpus)
+        )
     except ValueError as e:  # PlacementError too
         raise PreflightError(str(e)) from None
     check_environments(cfg)
     check_function(cfg.trainer.loss.loss_fn, "trainer.loss.loss_fn")
     check_function(cfg.orchestrator.advantage.fn, "orchestrator.advantage.fn")
-    if not cfg.inference.urls:
+    if not cfg.inference.urls and cfg.cluster.backend == "local":  # Ray's workers listen on their own nodes
         check_ports(cfg.inference.host, cfg.inference.port, cfg.inference.num_workers)
     return placement
+
+
+def check_cluster(cfg: RLConfig) -> None:
+    """[cluster] asks for something this config and machine can do."""
+    cluster, inf = cfg.cluster, cfg.inference
+    if cluster.backend == "local":
+        for key in ("address", "trainer_resources", "inference_resources"):
+            if getattr(cluster, key):
+                raise PreflightError(f'cluster.{key} is for cluster.backend = "ray": set that, or leave {key} out')
+        if not cluster.shared_fs:
+            raise PreflightError(
+                'cluster.shared_fs = false is for cluster.backend = "ray": on one machine it is shared'
+            )
+        return
+    if cluster.address is not None and not _RAY_ADDRESS.match(cluster.address):
+        raise PreflightError(
+            f'cluster.address {cluster.address!r}: give "auto", "host:port" or "ray://host:port", or leave it out '
+            "to start a Ray instance on this machine"
+        )
+    for key, value in (("inference.gpu_ids", inf.gpu_ids), ("trainer.gpu_ids", cfg.trainer.gpu_ids)):
+        if value is not None:
+            raise PreflightError(f'{key} = {value}: with cluster.backend = "ray", Ray gives each process its GPUs; '
+                                 f"leave {key} out")  # fmt: skip
+    if inf.colocate_with_trainer:
+        raise PreflightError('inference.colocate_with_trainer: with cluster.backend = "ray" each vLLM worker and '
+                             "trainer rank has a bundle of its own; leave it out")  # fmt: skip
+    if not inf.urls and inf.api_key is None:
+        raise PreflightError('inference.api_key is required with cluster.backend = "ray": the vLLM servers rl starts '
+                             "listen on their nodes' addresses, reachable from other machines")  # fmt: skip
+    if not cluster.shared_fs and (cfg.auto_resume or cfg.resume is not None):
+        raise PreflightError(
+            f"{'--resume' if cfg.resume is not None else '--auto_resume'}: with cluster.shared_fs = false the "
+            "trainer's checkpoints stay on its node; resume needs a shared run folder (cluster.shared_fs = true)"
+        )
+    if importlib.util.find_spec("ray") is None:
+        raise PreflightError('cluster.backend = "ray", but Ray is not installed here (pip install "ray[default]")')
 
 
 def check_sft(cfg: SFTConfig) -> None:

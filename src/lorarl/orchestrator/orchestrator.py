@@ -62,7 +62,10 @@ async def orchestrate(cfg: RLConfig) -> None:
     from transformers import AutoTokenizer
 
     urls = worker_urls(cfg)
-    pool = WorkerPool(urls, cfg.inference.api_key, unavailable_timeout=cfg.inference.unavailable_timeout)
+    here = str(cfg.run_dir.resolve())
+    run_dirs = [(here, there) for there in cfg.inference.worker_run_dirs] or None
+    pool = WorkerPool(urls, cfg.inference.api_key, unavailable_timeout=cfg.inference.unavailable_timeout,
+                      run_dirs=run_dirs)  # fmt: skip
     orchestrator = Orchestrator(cfg, pool, AutoTokenizer.from_pretrained(cfg.model.name))
     log.info("waiting for %d inference worker(s): %s", len(urls), urls)
     await asyncio.to_thread(wait_until_healthy, urls, cfg.inference.startup_timeout)

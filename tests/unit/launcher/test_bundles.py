@@ -1,0 +1,89 @@
+"""The Ray placement group of a run, its table, and what the plan makes of the nodes Ray picked."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lorarl.config.models import RLConfig
+from lorarl.launcher.bundles import plan_bundles, ray_placement
+from lorarl.launcher.plan import plan_run
+from lorarl.launcher.preflight import PreflightError, check_cluster
+from lorarl.run_folder import RunFolder
+
+
+def cfg(tmp_path: Path, cluster: dict[str, Any] | None = None, **kw: Any) -> RLConfig:
+    return RLConfig.model_validate({
+        "model": {"name": "m"}, "output_dir": str(tmp_path), "inference": {"api_key": "k", **kw.pop("inference", {})},
+        "cluster": {"backend": "ray", **(cluster or {})}, **kw,
+    })  # fmt: skip
+
+
+def test_one_bundle_per_worker_and_rank_with_the_roles_resources(tmp_path: Path) -> None:
+    c = cfg(tmp_path, {"trainer_resources": {"big": 1}}, inference={"num_workers": 2, "tensor_parallel_size": 4},
+            trainer={"parallel": {"dp": 2}})  # fmt: skip
+    on_gpus = plan_bundles(c, gpus=True)
+    assert [(b.process, b.rank, b.resources) for b in on_gpus] == [
+        ("inference-0", 0, {"CPU": 1, "GPU": 4}),
+        ("inference-1", 0, {"CPU": 1, "GPU": 4}),
+        ("trainer", 0, {"CPU": 1, "GPU": 1, "big": 1}),
+        ("trainer", 1, {"CPU": 1, "GPU": 1, "big": 1}),
+    ]
+    assert [b.resources for b in plan_bundles(c, gpus=False)][0] == {"CPU": 1}
+    urls = cfg(tmp_path, inference={"urls": ["http://h:1"]})
+    assert [b.process for b in plan_bundles(urls, gpus=False)] == ["trainer"]
+
+
+def test_the_table_before_and_after_ray_placed_the_bundles(tmp_path: Path) -> None:
+    c = cfg(tmp_path, inference={"port": 9000}, trainer={"parallel": {"dp": 2}})
+    bundles = plan_bundles(c, gpus=True)
+    before = ray_placement(c, bundles)
+    assert [(s.name, s.node) for s in before.slots] == [("inference-0", "ray"), ("orchestrator", "local"),
+                                                         ("trainer", "ray")]  # fmt: skip
+    assert before.worker_hosts() is None and "Ray picks the nodes" in before.table()
+    nodes = [("a" * 40, "10.0.0.1"), ("b" * 40, "10.0.0.2"), ("c" * 40, "10.0.0.3")]
+    after = ray_placement(c, bundles, nodes)
+    assert after["inference-0"].node == "a" * 12 and after["inference-0"].port == "10.0.0.1:9000"
+    assert after["trainer"].node == f"{'b' * 12},{'c' * 12}"  # rank 1 did not fit on rank 0's node
+    assert after.worker_hosts() == ["10.0.0.1"]
+
+
+def test_the_plan_points_the_orchestrator_at_the_placed_workers(tmp_path: Path) -> None:
+    c = cfg(tmp_path, inference={"port": 9000}, trainer={"parallel": {"dp": 2}})
+    run = RunFolder(c.run_dir)
+    placement = ray_placement(c, plan_bundles(c, gpus=False), [("a" * 40, "10.0.0.1"), ("b" * 40, "10.0.0.2")] * 2)
+    specs = {s.name: s for s in plan_run(c, run, placement)}
+    assert "--host 10.0.0.1 --port 9000" in " ".join(specs["inference-0"].cmd)
+    orchestrator = json.loads((run.configs / "orchestrator.json").read_text())
+    assert orchestrator["inference"]["urls"] == ["http://10.0.0.1:9000"]
+    assert json.loads((run.configs / "inference.json").read_text())["inference"]["urls"] == []
+    # Each rank is a process of its own in its bundle: no torchrun, and no thread count from this machine.
+    assert "torch.distributed.run" not in specs["trainer"].cmd
+    assert json.loads((run.configs / "trainer.json").read_text())["trainer"]["num_threads"] is None
+
+
+@pytest.mark.parametrize(
+    ("cluster", "kw", "message"),
+    [
+        ({"address": "nowhere"}, {}, "cluster.address 'nowhere'"),
+        ({}, {"inference": {"api_key": None}}, "inference.api_key is required"),
+        ({}, {"trainer": {"gpu_ids": [0]}}, "trainer.gpu_ids = [0]: with cluster.backend"),
+        ({}, {"inference": {"colocate_with_trainer": True}}, "inference.colocate_with_trainer"),
+        ({"backend": "local", "address": "auto"}, {}, "cluster.address is for cluster.backend"),
+        ({"backend": "local", "shared_fs": False}, {}, "cluster.shared_fs = false is for"),
+    ],
+)
+def test_cluster_settings_that_cannot_work_are_refused_in_one_line(
+    tmp_path: Path, cluster: dict[str, Any], kw: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(PreflightError, match=message.replace("[", r"\[").replace("]", r"\]").replace(".", r"\.")) as e:
+        check_cluster(cfg(tmp_path, cluster, **kw))
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("address", [None, "auto", "10.0.0.1:6379", "ray://head.example.com:10001"])
+def test_ray_addresses_accepted(tmp_path: Path, address: str | None) -> None:
+    check_cluster(cfg(tmp_path, {"address": address}))
