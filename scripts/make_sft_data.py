@@ -3,19 +3,37 @@
 python scripts/make_sft_data.py --env reverse_text --num 2000 --out data/reverse_text_sft.jsonl
 
 One chat per record, {"messages": [...prompt, {"role": "assistant", "content": solution}]}, as
-JSONL or Parquet (by the suffix of --out); `sft` reads both. Needs a single-turn environment
-with `solution()`.
+JSONL or Parquet (by the suffix of --out); `sft` reads both. A multi-turn environment's episodes are
+played through: each reference turn (`solutions()`), then the environment's answer to it, so the
+record holds every turn (`sft` trains on all assistant turns).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import inspect
 import json
 import random
 from itertools import islice
 from pathlib import Path
 
 from lorarl.orchestrator.envs import load_environment
+from lorarl.orchestrator.envs.base import Environment, Episode, Example, Message
+
+
+def reference_episode(env: Environment, example: Example) -> list[Message]:
+    """The conversation of a correct episode: the prompt, then each reference turn followed by the
+    environment's reply to it, until it ends the episode or the reference turns run out."""
+    messages = env.prompt(example)
+    for turn in env.solutions(example):
+        messages.append({"role": "assistant", "content": turn})
+        reply = env.env_response(Episode(example, messages))
+        reply = asyncio.run(reply) if inspect.isawaitable(reply) else reply
+        if reply is None:
+            break
+        messages.extend(reply)
+    return messages
 
 
 def main() -> None:
@@ -29,12 +47,13 @@ def main() -> None:
     if args.out.suffix not in (".jsonl", ".parquet"):
         parser.error(f"--out must end in .jsonl or .parquet, got {args.out}")
     env = load_environment(args.env, json.loads(args.args))
-    if env.max_turns > 1:
-        parser.error(f"{args.env} is a multi-turn environment: its episodes have no single reference answer")
-    records = [
-        {"messages": [*env.prompt(example), {"role": "assistant", "content": env.solution(example)}]}
-        for example in islice(env.examples(random.Random(args.seed)), args.num)
-    ]
+    try:
+        records = [
+            {"messages": reference_episode(env, example)}
+            for example in islice(env.examples(random.Random(args.seed)), args.num)
+        ]
+    except NotImplementedError as e:
+        parser.error(str(e))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     if args.out.suffix == ".parquet":
         import pyarrow as pa

@@ -1,4 +1,4 @@
-"""Summarize an RL run from its metrics.jsonl: reward at the start and end, time per step.
+"""Summarize an RL run from its metrics.jsonl: reward at the start and end, evals, time per step.
 
 python scripts/summarize_run.py outputs/quickstart-rl [--window 5]
 """
@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from pathlib import Path
+
+from lorarl.monitor.summary import summarize
 
 
 def main() -> None:
@@ -16,16 +17,18 @@ def main() -> None:
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--window", type=int, default=5)
     args = parser.parse_args()
-    rows = [json.loads(line) for line in (args.run_dir / "metrics.jsonl").read_text().splitlines()]
-    orch = sorted((r for r in rows if r["component"] == "orchestrator"), key=lambda r: r["step"])
-    trainer = [r for r in rows if r["component"] == "trainer"]
-    rewards = [r["reward/mean"] for r in orch]
+    run = summarize(args.run_dir, args.window)
     w = args.window
-    print(f"run: {args.run_dir} ({len(orch)} steps)")
-    print(f"mean reward, first {w} steps: {statistics.fmean(rewards[:w]):.3f}")
-    print(f"mean reward, last {w} steps:  {statistics.fmean(rewards[-w:]):.3f}")
-    print(f"trainer step time (median): {statistics.median(r['time/step'] for r in trainer):.2f} s")
+    print(f"run: {args.run_dir} ({run.steps} steps)")
+    print(f"mean reward, first {w} steps: {run.reward_first:.3f}")
+    print(f"mean reward, last {w} steps:  {run.reward_last:.3f}")
+    if run.evals:
+        print(f"evals, first → last policy: avg {run.eval_change('avg@')}; pass {run.eval_change('pass@')}")
+    if run.step_time is not None:
+        print(f"trainer step time (median): {run.step_time:.2f} s")
     # A step with an empty batch (all groups had zero advantage) has no lag and no mismatch.
+    rows = [json.loads(line) for line in (args.run_dir / "metrics.jsonl").read_text().splitlines()]
+    trainer = [r for r in rows if r["component"] == "trainer"]
     diffs = [r["mismatch/logprob_abs_diff"] for r in trainer if r.get("policy_lag/max") == 0]
     if diffs:
         print(f"on-policy |trainer - vLLM| logprob (max over steps): {max(diffs):.2e}")

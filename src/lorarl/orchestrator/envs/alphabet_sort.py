@@ -100,6 +100,9 @@ class AlphabetSort(Environment):
         )
         return [{"role": "system", "content": system}, {"role": "user", "content": "\n".join(example["turns"][0])}]
 
+    def solutions(self, example: Example) -> list[str]:
+        return list(example["expected"])
+
     def env_response(self, episode: Episode) -> list[Message] | None:
         turns = episode.example["turns"]
         done = len(episode.turns)

@@ -94,6 +94,11 @@ class Environment:
         """A correct answer, to build supervised warm-up data (single-turn environments)."""
         raise NotImplementedError(f"{self.name} has no reference solutions")
 
+    def solutions(self, example: Example) -> list[str]:
+        """The model's turns of a correct episode, to build supervised warm-up data; multi-turn
+        environments override it (scripts/make_sft_data.py plays them through `env_response`)."""
+        return [self.solution(example)]
+
     async def score(self, episode: Episode) -> dict[str, float]:
         """Each reward function's value, their weighted sum ("reward") and "reward_errors": a
         reward function that raises, or returns NaN or an infinity, scores 0 and is counted; it

@@ -1,0 +1,36 @@
+"""A run's summary reads what the run logged: rewards at the start and end, the first and last
+evals, the trainer's grad norm and step time; a run without rewards is named in the error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from lorarl.monitor.summary import summarize
+from tests.unit.monitor.test_plots import rl_rows, write_metrics
+
+
+def test_summary_of_a_learning_run(tmp_path: Path) -> None:
+    run = write_metrics(tmp_path / "run", rl_rows(steps=6, learn=0.1, evals=True))
+    s = summarize(run, window=2)
+    assert s.steps == 6
+    assert s.reward_first == pytest.approx((0.3 + 0.4) / 2)  # steps 1, 2: 0.2 + 0.1 * step
+    assert s.reward_last == pytest.approx((0.7 + 0.8) / 2)
+    assert s.evals["eval/reverse_text/avg@4"] == pytest.approx((0.2, 0.6))  # versions 0 and 4
+    assert s.eval_change("pass@") == "0.400 → 0.800"
+    assert s.grad_norm == pytest.approx(sum(1 / k + 0.1 for k in range(1, 7)) / 6)
+    assert s.step_time == pytest.approx(1.05)
+
+
+def test_summary_without_evals_or_trainer_rows(tmp_path: Path) -> None:
+    rows = [r for r in rl_rows(steps=3, learn=0.0, evals=False) if r["component"] == "orchestrator"]
+    s = summarize(write_metrics(tmp_path / "run", rows))
+    assert (s.steps, s.evals, s.grad_norm, s.step_time) == (3, {}, None, None)
+    assert s.eval_change("avg@") == "—"
+
+
+def test_a_run_without_rewards_is_named(tmp_path: Path) -> None:
+    run = write_metrics(tmp_path / "sft-run", [{"step": 1, "component": "sft", "loss": 1.0}])
+    with pytest.raises(ValueError, match="sft-run: no orchestrator step"):
+        summarize(run)
