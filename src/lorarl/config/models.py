@@ -554,7 +554,8 @@ class InferenceConfig(Section):
     """Seconds to wait for every vLLM server to answer /health before giving up."""
     extra_args: list[str] = []
     """More arguments for every vLLM server `rl` starts, appended to its command (e.g. ["--enforce-eager"]);
-    a `--max-loras` here replaces the derived one and must hold max_policy_lag + 2 adapters. []: none."""
+    a `--max-loras` here replaces the derived one and must hold max_policy_lag + 2 adapters (for each
+    of the [[variants]], if any). []: none."""
     unavailable_timeout: float = Field(300.0, gt=0)
     """Seconds the orchestrator keeps retrying while no worker answers (each failing worker is taken
     out of routing and put back once healthy, with the adapters in use); then the run stops."""
