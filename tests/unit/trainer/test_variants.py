@@ -115,3 +115,28 @@ def test_no_variant_touches_another_variants_gradients_or_optimizer(tiny_model: 
         assert torch.equal(p.detach(), a_after[n]), f"b's step changed {n}"
     state = trainers["b"].trainer.optimizer.state
     assert state and all(id(p) in {id(q) for q in params["b"].values()} for p in state)
+
+
+def test_a_resumed_sweep_trains_the_adapters_of_an_uninterrupted_one(tiny_model: Path, tmp_path: Path) -> None:
+    """Stopped after step 2 (each variant's checkpoint), resumed, fed the same batch 3: the same adapters."""
+
+    def run_to(out: Path, max_steps: int, resume: bool = False) -> RunFolder:
+        cfg = sweep(tiny_model, out, max_steps, resume={} if resume else None)
+        cfg.trainer.ckpt.interval = 2
+        root = RunFolder(cfg.run_dir).create()
+        for variant, scale in (("a", 1.0), ("b", -2.0)):
+            write_batches(root.for_variant(variant), scale, range(1, 4))
+        train(cfg)
+        return root
+
+    straight = run_to(tmp_path / "straight", 3)
+    run_to(tmp_path / "stopped", 2)
+    resumed = run_to(tmp_path / "stopped", 3, resume=True)
+    for variant in ("a", "b"):
+        checkpoint = resumed.for_variant(variant).trainer_checkpoint(2) / "adapter"
+        assert adapter(checkpoint).keys() == adapter(resumed.for_variant(variant).broadcast(2)).keys()
+        a, b = (adapter(run.for_variant(variant).broadcast(3)) for run in (straight, resumed))
+        for key in a:
+            torch.testing.assert_close(b[key], a[key], rtol=0, atol=0, msg=f"{variant}: {key}")
+    rows = [json.loads(line) for line in resumed.metrics.read_text().splitlines()]
+    assert sorted((r["variant"], r["step"]) for r in rows) == [(v, s) for v in "ab" for s in (1, 2, 3)]
