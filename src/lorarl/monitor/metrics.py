@@ -39,7 +39,7 @@ class MetricsLogger:
             with open(self.path, "a") as f:
                 f.write(json.dumps(row) + "\n")
         if self._wandb is not None:
-            self._wandb.log({f"{self.component}/{k}": v for k, v in metrics.items()}, step=step)
+            self._wandb.log({f"{self._prefix}/{k}": v for k, v in metrics.items()}, step=step)
 
     def log_table(self, step: int, name: str, rows: list[dict[str, Any]]) -> None:
         """Log `rows` (e.g. a step's samples) to wandb as the table `<component>/<name>`, one column
@@ -51,7 +51,13 @@ class MetricsLogger:
         columns = list(dict.fromkeys(key for row in rows for key in row))
         data = [[_cell(row.get(column)) for column in columns] for row in rows]
         table = wandb.Table(columns=[*columns], data=data)  # a copy: its stubs take list[str | int]
-        self._wandb.log({f"{self.component}/{name}": table}, step=step)
+        self._wandb.log({f"{self._prefix}/{name}": table}, step=step)
+
+    @property
+    def _prefix(self) -> str:
+        # A process's loggers share one wandb run (wandb.init returns the running one): a sweep's
+        # variants keep their keys apart, `<variant>/<component>/<metric>`.
+        return self.component if self.variant is None else f"{self.variant}/{self.component}"
 
     def close(self) -> None:
         if self._wandb is not None:
