@@ -10,6 +10,8 @@ The forward passes take `micro_batch_size` samples each, one per padded row, or 
 (the default) `micro_batch_size` rows of up to `seq_len` tokens, several samples to a row.
 Set-up, resume, the data-parallel forward/backward pass and the optimizer step are the skeleton's
 that SFT shares (skeleton.py); this loop adds the rollouts, the policy loss and the broadcasts.
+A sweep ([[variants]]) runs the same step (`train_step`) for each variant's adapter in turn, all on
+one base model (trainer/variants.py).
 """
 
 from __future__ import annotations
