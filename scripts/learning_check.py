@@ -26,7 +26,7 @@ from typing import Any
 
 from run_steps import BIN, REPO, ensure_tiny_model, run_logged
 
-from lorarl.monitor.summary import RunSummary, summarize
+from lorarl.monitor.summary import RunSummary, only, summarize
 
 WINDOW = 10
 
@@ -65,7 +65,7 @@ def check(recipe: str, logs: Path) -> Result:
     make_data(sft, rl, logs)
     sft_s = run_logged([str(BIN / "sft"), "@", f"configs/{recipe}/sft.toml", "--overwrite"], logs / f"{recipe}-sft.log")
     rl_s = run_logged([str(BIN / "rl"), "@", f"configs/{recipe}/rl.toml", "--overwrite"], logs / f"{recipe}-rl.log")
-    return Result(recipe, sft_s, rl_s, summarize(REPO / rl["output_dir"] / rl["run_name"], WINDOW))
+    return Result(recipe, sft_s, rl_s, only(summarize(REPO / rl["output_dir"] / rl["run_name"], WINDOW)))
 
 
 def table(results: list[Result]) -> str:

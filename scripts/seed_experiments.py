@@ -25,7 +25,7 @@ from pathlib import Path
 
 from run_steps import BIN, REPO, ensure_tiny_model, run_logged
 
-from lorarl.monitor.summary import summarize
+from lorarl.monitor.summary import only, summarize
 
 WINDOW = 10
 # experiment -> variant label -> the flags that differ from configs/quickstart/rl.toml
@@ -51,7 +51,7 @@ def run_experiment(name: str, steps: int, logs: Path) -> str:
                "--max_steps", str(steps), *flags]  # fmt: skip
         run_logged(cmd, logs / f"{run_name}.log")
         runs.append(REPO / "outputs" / run_name)
-        s = summarize(runs[-1], WINDOW)
+        s = only(summarize(runs[-1], WINDOW))
         lines.append(
             f"| {label} | {s.reward_first:.3f} → {s.reward_last:.3f} | {s.grad_norm or float('nan'):.3f} "
             f"| {s.step_time or float('nan'):.2f} |"

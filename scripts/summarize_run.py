@@ -17,15 +17,15 @@ def main() -> None:
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--window", type=int, default=5)
     args = parser.parse_args()
-    run = summarize(args.run_dir, args.window)
     w = args.window
-    print(f"run: {args.run_dir} ({run.steps} steps)")
-    print(f"mean reward, first {w} steps: {run.reward_first:.3f}")
-    print(f"mean reward, last {w} steps:  {run.reward_last:.3f}")
-    if run.evals:
-        print(f"evals, first → last policy: avg {run.eval_change('avg@')}; pass {run.eval_change('pass@')}")
-    if run.step_time is not None:
-        print(f"trainer step time (median): {run.step_time:.2f} s")
+    for label, run in summarize(args.run_dir, args.window).items():
+        print(f"run: {label} ({run.steps} steps)")
+        print(f"mean reward, first {w} steps: {run.reward_first:.3f}")
+        print(f"mean reward, last {w} steps:  {run.reward_last:.3f}")
+        if run.evals:
+            print(f"evals, first → last policy: avg {run.eval_change('avg@')}; pass {run.eval_change('pass@')}")
+        if run.step_time is not None:
+            print(f"trainer step time (median): {run.step_time:.2f} s")
     # A step with an empty batch (all groups had zero advantage) has no lag and no mismatch.
     rows = [json.loads(line) for line in (args.run_dir / "metrics.jsonl").read_text().splitlines()]
     trainer = [r for r in rows if r["component"] == "trainer"]

@@ -7,6 +7,10 @@
     checkpoints/step_N/   trainer/ and orchestrator/ halves
     samples/step_N.jsonl  metrics.jsonl  final/  plots/ (lorarl-plot)
 
+A run with [[variants]] trains several adapters: each has the four step folders above one level down,
+rollouts/<variant>/step_N/, broadcasts/<variant>/step_N/, checkpoints/<variant>/step_N/ and
+samples/<variant>/step_N.jsonl, through its view `RunFolder.for_variant(name)`; the rest is shared.
+
 Folders that another process reads are written under a temporary name and renamed, and adapter
 folders get `STABLE` last, so a reader never sees a half-written step. A folder is cleared only if
 its marker says lorarl wrote it, and then only the entries lorarl writes: a user's files are never
@@ -22,7 +26,7 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +48,18 @@ class RunFolderError(Exception):
 
 
 class RunFolder:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, variant: str | None = None) -> None:
         self.root = Path(root)
+        self.variant = variant  # None: the run's one adapter; else this view's variant (module docstring)
         self._lock_fd: int | None = None
+
+    def for_variant(self, name: str) -> RunFolder:
+        """The view of variant `name`: its step folders are one level down, under its name."""
+        return RunFolder(self.root, name)
+
+    def _steps(self, kind: str) -> Path:
+        """The folder of `kind`'s step entries (rollouts, broadcasts, samples, checkpoints) of this view."""
+        return self.root / kind if self.variant is None else self.root / kind / self.variant
 
     configs = property(lambda self: self.root / "configs")
     logs = property(lambda self: self.root / "logs")
@@ -56,13 +69,13 @@ class RunFolder:
     marker = property(lambda self: self.root / MARKER)
 
     def rollouts(self, step: int) -> Path:
-        return self.root / "rollouts" / f"step_{step}"
+        return self._steps("rollouts") / f"step_{step}"
 
     def broadcast(self, step: int) -> Path:
-        return self.root / "broadcasts" / f"step_{step}"
+        return self._steps("broadcasts") / f"step_{step}"
 
     def samples(self, step: int) -> Path:
-        return self.root / "samples" / f"step_{step}.jsonl"
+        return self._steps("samples") / f"step_{step}.jsonl"
 
     def probe(self, node: str) -> Path:
         """The file by which node `node` shows the others it sees this folder (removed once read)."""
@@ -70,7 +83,7 @@ class RunFolder:
 
     def checkpoint(self, step: int) -> Path:
         """Both halves of the checkpoint of `step`: `trainer/` and `orchestrator/`."""
-        return self.root / "checkpoints" / f"step_{step}"
+        return self._steps("checkpoints") / f"step_{step}"
 
     def trainer_checkpoint(self, step: int) -> Path:
         return self.checkpoint(step) / "trainer"
@@ -81,7 +94,7 @@ class RunFolder:
     def checkpoint_steps(self) -> list[int]:
         """Steps whose checkpoint is complete, oldest first: the trainer half, and every other half
         it has (the orchestrator's, written before the trainer's), hold all their manifest lists."""
-        return sorted(s for s in step_folders(self.root / "checkpoints") if self._checkpoint_complete(s))
+        return sorted(s for s in step_folders(self._steps("checkpoints")) if self._checkpoint_complete(s))
 
     def _checkpoint_complete(self, step: int) -> bool:
         halves = [p for p in self.checkpoint(step).iterdir() if not p.name.startswith(".")]
@@ -93,9 +106,16 @@ class RunFolder:
         write_folder_atomically(dest, write, manifest=True)
         return dest
 
-    def resume_step(self, step: int | None) -> int:
-        """The step a run resumes from: `step`, or the latest complete checkpoint when None."""
-        steps = self.checkpoint_steps()
+    def sweep_checkpoint_steps(self, variants: Sequence[str] = ()) -> list[int]:
+        """Steps whose checkpoint is complete for every variant named (none named: this view's), oldest
+        first: a sweep resumes all its variants from the same step."""
+        views = [self.for_variant(v) for v in variants] or [self]
+        return sorted(set.intersection(*(set(view.checkpoint_steps()) for view in views)))
+
+    def resume_step(self, step: int | None, variants: Sequence[str] = ()) -> int:
+        """The step a run resumes from: `step`, or the latest complete checkpoint when None (with
+        `variants`, complete for each of them)."""
+        steps = self.sweep_checkpoint_steps(variants)
         if not steps:
             raise RunFolderError(f"--resume: no complete checkpoint in {self.root}")
         if step is None:
@@ -106,7 +126,7 @@ class RunFolder:
 
     def latest_stable_broadcast(self) -> int | None:
         """The highest step whose adapter folder is complete, or None."""
-        steps = [s for s in step_folders(self.root / "broadcasts") if (self.broadcast(s) / STABLE).exists()]
+        steps = [s for s in step_folders(self._steps("broadcasts")) if (self.broadcast(s) / STABLE).exists()]
         return max(steps, default=None)
 
     def create(self) -> RunFolder:

@@ -144,3 +144,17 @@ def test_killed_writers_never_leave_a_partial_checkpoint_or_adapter(tmp_path: Pa
             seen["broadcast"] += 1
             assert all((run.broadcast(1) / n).stat().st_size == 2_000_000 for n in ("a.bin", "b.bin"))
     assert seen["checkpoint"] > 10 and seen["broadcast"] > 10  # the kills did land after complete writes too
+
+
+def test_a_variants_view_has_its_step_folders_under_its_name(tmp_path: Path) -> None:
+    run = RunFolder(tmp_path / "run")
+    view = run.for_variant("r16")
+    assert view.root == run.root and view.metrics == run.metrics and view.variant == "r16"
+    assert view.broadcast(3) == run.root / "broadcasts" / "r16" / "step_3"
+    assert view.rollouts(3) == run.root / "rollouts" / "r16" / "step_3"
+    assert view.samples(3) == run.root / "samples" / "r16" / "step_3.jsonl"
+    assert view.trainer_checkpoint(3) == run.root / "checkpoints" / "r16" / "step_3" / "trainer"
+    write_folder_atomically(view.broadcast(2), lambda d: None, stable_marker=True)
+    assert view.latest_stable_broadcast() == 2 and run.latest_stable_broadcast() is None
+    with pytest.raises(RunFolderError, match="no complete checkpoint"):
+        run.resume_step(None, ["r16", "r1"])

@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         placement = check_rl(cfg, visible_gpus(cfg))
         if cfg.resume is not None:
-            run.resume_step(cfg.resume.step)
+            run.resume_step(cfg.resume.step, [v.name for v in cfg.variants])
         done = run.prepare("rl", cfg.model_dump(mode="json"), cfg.resume is not None, cfg.overwrite, cfg.dry_run)
     except (PreflightError, RunFolderError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 # vLLM's --max-lora-rank accepts only these values (docs/vllm.md).
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -563,7 +563,8 @@ class InferenceConfig(Section):
     """Seconds to wait for every vLLM server to answer /health before giving up."""
     extra_args: list[str] = []
     """More arguments for every vLLM server `rl` starts, appended to its command (e.g. ["--enforce-eager"]);
-    a `--max-loras` here replaces the derived one and must hold max_policy_lag + 2 adapters. []: none."""
+    a `--max-loras` here replaces the derived one and must hold max_policy_lag + 2 adapters (for each
+    of the [[variants]], if any). []: none."""
     unavailable_timeout: float = Field(300.0, gt=0)
     """Seconds the orchestrator keeps retrying while no worker answers (each failing worker is taken
     out of routing and put back once healthy, with the adapters in use); then the run stops."""
@@ -717,6 +718,45 @@ class ClusterConfig(Section):
     then `rl` stops and names the bundles it could not place."""
 
 
+VARIANT_NAME = r"^[A-Za-z0-9][A-Za-z0-9_-]*$"
+
+
+class VariantModelConfig(Section):
+    lora: dict[str, Any] = {}
+    """Keys of [model.lora] this variant sets otherwise (e.g. {rank = 4}), each replacing the top-level
+    key; the keys left out are the top-level [model.lora]'s. {}: the top-level adapter settings."""
+
+
+class VariantTrainerConfig(Section):
+    optim: dict[str, Any] = {}
+    """Keys of [trainer.optim] this variant sets otherwise (e.g. {lr = 1e-4}), key by key as lora."""
+    scheduler: dict[str, Any] = {}
+    """Keys of [trainer.scheduler] this variant sets otherwise, key by key as lora."""
+    loss: dict[str, Any] = {}
+    """Keys of [trainer.loss] this variant sets otherwise, key by key as lora."""
+
+
+class VariantOrchestratorConfig(Section):
+    env: list[EnvConfig] | None = None
+    """This variant's training environments, replacing the top-level orchestrator.env list as a whole
+    (a list, as [[orchestrator.env]]); None: the top-level environments."""
+
+
+class VariantConfig(Section):
+    """One adapter of a sweep trained on the shared base: its name and what differs for it."""
+
+    name: str = Field(pattern=VARIANT_NAME)
+    """The variant's name, unique in the run: its folders are broadcasts/<name>/, rollouts/<name>/,
+    samples/<name>/ and checkpoints/<name>/, its vLLM adapters `<run_name>-<name>-step<N>`, and its
+    metrics rows carry "variant": name. Letters, digits, "_" and "-", not starting with "_" or "-"."""
+    model: VariantModelConfig = VariantModelConfig()
+    """What differs from the top-level [model]: only lora (the base model is shared)."""
+    trainer: VariantTrainerConfig = VariantTrainerConfig()
+    """What differs from the top-level [trainer]: optim, scheduler, loss."""
+    orchestrator: VariantOrchestratorConfig = VariantOrchestratorConfig()
+    """What differs from the top-level [orchestrator]: env."""
+
+
 class RLConfig(SharedConfig):
     """`rl`: a trainer that updates a LoRA adapter, an orchestrator that samples and scores rollouts
     through vLLM, and the vLLM servers."""
@@ -731,6 +771,12 @@ class RLConfig(SharedConfig):
     """The vLLM servers: started by `rl` (`inference` starts one alone), or already running (urls)."""
     cluster: ClusterConfig = ClusterConfig()
     """Where the processes run: this machine, or the nodes of a Ray cluster."""
+    variants: list[VariantConfig] = []
+    """Several adapters trained at once on one base model and sampled through the same vLLM servers, one
+    [[variants]] table each: a sweep in one run. Each variant is the top-level config with its overrides
+    applied (model.lora, trainer.optim, trainer.scheduler and trainer.loss key by key, orchestrator.env
+    as a whole), and trains on batches of its own with an optimizer of its own; every other key is
+    shared. []: one adapter, the top-level [model.lora]."""
     resume: ResumeConfig | None = None
     """Continue from a checkpoint in this run folder, with the same examples as a run that never stopped:
     `--resume` (the latest) or `--resume.step N`. What the run wrote after that step is dropped, and its
@@ -759,14 +805,26 @@ class RLConfig(SharedConfig):
         return self
 
     @model_validator(mode="after")
+    def _variants_resolve(self) -> RLConfig:
+        names = [v.name for v in self.variants]
+        if dupes := sorted({n for n in names if names.count(n) > 1}):
+            raise ValueError(f"variants: names must be unique, {dupes} appear more than once")
+        if self.variants and self.trainer.parallel.dp > 1:
+            # Each variant's step would need its own collective schedule over the ranks: not built yet.
+            raise ValueError("variants train in one trainer process: trainer.parallel.dp must be 1 with [[variants]]")
+        self.variant_configs()  # every variant resolves, or the error names its key
+        return self
+
+    @model_validator(mode="after")
     def _adapter_slots_fit(self) -> RLConfig:
         # A user's --max-loras must hold every adapter version a worker can have loaded at once.
-        slots = self.orchestrator.adapter_slots
+        slots = self.adapter_slots
         if (given := self.inference.given_max_loras) is not None and given < slots:
             raise ValueError(
                 f"inference.extra_args sets --max-loras {given}, but rollouts may lag "
-                f"{self.orchestrator.max_policy_lag} versions (max_async_level / max_off_policy_steps), "
-                f"so {slots} adapter versions can be loaded: raise --max-loras or leave it out (rl derives it)"
+                f"{self.orchestrator.max_policy_lag} versions (max_async_level / max_off_policy_steps)"
+                + (f" for each of {len(self.variants)} variants" if self.variants else "")
+                + f", so {slots} adapter versions can be loaded: raise --max-loras or leave it out (rl derives it)"
             )
         return self
 
@@ -774,6 +832,41 @@ class RLConfig(SharedConfig):
     def lora(self) -> LoraConfig:
         assert self.model.lora is not None  # set by the validator
         return self.model.lora
+
+    @property
+    def adapter_slots(self) -> int:
+        """Adapter versions a vLLM worker must hold at once: each variant's (or the one adapter's) slots."""
+        return self.orchestrator.adapter_slots * max(1, len(self.variants))
+
+    @property
+    def max_lora_rank(self) -> int:
+        """The largest LoRA rank vLLM must serve: the adapter's, or the largest variant's."""
+        return max(c.lora.rank for _, c in self.variant_configs()) if self.variants else self.lora.rank
+
+    def variant_configs(self) -> list[tuple[str, RLConfig]]:
+        """Each variant's name and effective config: this config with the variant's overrides applied
+        and no variants of its own. Computed afresh on each call, so a change to this config (such as
+        the launcher's resolved values) reaches every variant. Raises ValueError naming the key at fault."""
+        return [(v.name, self._variant_config(i, v)) for i, v in enumerate(self.variants)]
+
+    def _variant_config(self, i: int, variant: VariantConfig) -> RLConfig:
+        def merged(section: Section, overrides: dict[str, Any], key: str) -> Any:
+            try:
+                return type(section).model_validate({**section.model_dump(), **overrides})
+            except ValidationError as e:
+                err = e.errors()[0]
+                where = ".".join([f"variants[{i}].{key}", *map(str, err["loc"])])
+                msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
+                raise ValueError(f"{where}: {msg}") from None
+
+        cfg = self.model_copy(deep=True, update={"variants": []})
+        cfg.model.lora = merged(self.lora, variant.model.lora, "model.lora")
+        cfg.trainer.optim = merged(self.trainer.optim, variant.trainer.optim, "trainer.optim")
+        cfg.trainer.scheduler = merged(self.trainer.scheduler, variant.trainer.scheduler, "trainer.scheduler")
+        cfg.trainer.loss = merged(self.trainer.loss, variant.trainer.loss, "trainer.loss")
+        if variant.orchestrator.env is not None:
+            cfg.orchestrator.env = variant.orchestrator.env
+        return cfg
 
 
 class SFTDataConfig(Section):

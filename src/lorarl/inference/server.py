@@ -37,8 +37,9 @@ def vllm_command(cfg: RLConfig, worker: int = 0, host: str | None = None) -> lis
         "--port", str(inf.port + worker),
         "--seed", str(cfg.seed),
         "--enable-lora",
-        "--max-lora-rank", str(vllm_max_lora_rank(cfg.lora.rank)),
-        *([] if inf.given_max_loras is not None else ["--max-loras", str(cfg.orchestrator.adapter_slots)]),
+        # Every variant's adapters ([[variants]]) share the server: room for the largest rank and all their slots.
+        "--max-lora-rank", str(vllm_max_lora_rank(cfg.max_lora_rank)),
+        *([] if inf.given_max_loras is not None else ["--max-loras", str(cfg.adapter_slots)]),
         # Logprobs of the distribution actually sampled from (temperature applied), which is what
         # the trainer computes; vLLM's default is the raw model distribution.
         "--logprobs-mode", "processed_logprobs",

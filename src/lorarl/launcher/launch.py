@@ -89,6 +89,7 @@ def supervise(
 
     printer = StepPrinter(run.metrics, cfg.max_steps)
     restarts: Counter[str] = Counter()
+    variants = [v.name for v in cfg.variants]  # a sweep resumes from a checkpoint complete for all of them
     while True:
         if cfg.monitor.console:
             for line in printer.poll():
@@ -103,10 +104,14 @@ def supervise(
                 log.warning("%s exited with code %d; restart %d of %d (inference.max_restarts)", name, code,
                             restarts[name], cfg.inference.max_restarts)  # fmt: skip
                 start(supervisor, next(s for s in workers if s.name == name))
-            elif name in {s.name for s in roles} and restarts["roles"] < cfg.auto_resume and run.checkpoint_steps():
+            elif (
+                name in {s.name for s in roles}
+                and restarts["roles"] < cfg.auto_resume
+                and (steps := run.sweep_checkpoint_steps(variants))
+            ):
                 restarts["roles"] += 1
                 log.warning("%s exited with code %d; resuming from checkpoint step %d, %d of %d (auto_resume)",
-                            name, code, run.checkpoint_steps()[-1], restarts["roles"], cfg.auto_resume)  # fmt: skip
+                            name, code, steps[-1], restarts["roles"], cfg.auto_resume)  # fmt: skip
                 roles = resume_roles(cfg, run, roles, supervisor, placement)
             else:
                 return report_failure(supervisor, name, code)

@@ -13,7 +13,7 @@ from lorarl.inference.server import vllm_command, vllm_env, worker_urls
 from lorarl.launcher.placement import Placement, cuda_visible_devices
 from lorarl.run_folder import RunFolder
 
-_SHARED = {"max_steps", "seq_len", "output_dir", "run_name", "seed", "monitor", "resume"}
+_SHARED = {"max_steps", "seq_len", "output_dir", "run_name", "seed", "monitor", "resume", "variants"}
 # The sections each process reads; `trainer @ configs/trainer.json` reproduces that process alone.
 _SECTIONS = {
     "trainer": {"model", "trainer"} | _SHARED,

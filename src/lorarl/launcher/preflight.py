@@ -33,19 +33,33 @@ def check_rl(cfg: RLConfig, gpus: int) -> Placement:
     check_model(cfg.model.name)
     check_cluster(cfg)
     try:
-        cfg.lora.check_for_rl()
         # On Ray, a dry run shows GPU bundles when this machine has GPUs (or pretends to); a run asks the cluster.
         placement = (
             ray_placement(cfg, plan_bundles(cfg, gpus > 0)) if cfg.cluster.backend == "ray" else place(cfg, gpus)
         )
     except ValueError as e:  # PlacementError too
         raise PreflightError(str(e)) from None
-    check_environments(cfg)
-    check_function(cfg.trainer.loss.loss_fn, "trainer.loss.loss_fn")
-    check_function(cfg.orchestrator.advantage.fn, "orchestrator.advantage.fn")
+    # The run's adapter, or each variant's (its effective config), named in the message.
+    adapters = [(f"variant {name!r}: ", c) for name, c in cfg.variant_configs()] or [("", cfg)]
+    for where, adapter_cfg in adapters:
+        try:
+            check_adapter(adapter_cfg)
+        except PreflightError as e:
+            raise PreflightError(f"{where}{e}") from None
     if not cfg.inference.urls and cfg.cluster.backend == "local":  # Ray's workers listen on their own nodes
         check_ports(cfg.inference.host, cfg.inference.port, cfg.inference.num_workers)
     return placement
+
+
+def check_adapter(cfg: RLConfig) -> None:
+    """What one adapter of `rl` needs: a LoRA that vLLM can serve, its environments, its user functions."""
+    try:
+        cfg.lora.check_for_rl()
+    except ValueError as e:
+        raise PreflightError(str(e)) from None
+    check_environments(cfg)
+    check_function(cfg.trainer.loss.loss_fn, "trainer.loss.loss_fn")
+    check_function(cfg.orchestrator.advantage.fn, "orchestrator.advantage.fn")
 
 
 def check_cluster(cfg: RLConfig) -> None:

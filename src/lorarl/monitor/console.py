@@ -1,4 +1,5 @@
-"""`StepPrinter`: follows metrics.jsonl and prints one line per finished trainer step.
+"""`StepPrinter`: follows metrics.jsonl and prints one line per finished trainer step (of a sweep,
+per variant, named first).
 
 It runs inside `rl`'s supervision loop, so no metrics line may ever stop it: a resumed trainer
 replaces the file (rows after its checkpoint dropped), a crash can leave a line cut short, and a
@@ -18,8 +19,9 @@ class StepPrinter:
         self.path, self.max_steps = path, max_steps
         self._offset = 0
         self._file_id: tuple[int, int] | None = None  # (device, inode) of the file read so far
-        self._printed: set[int] = set()
-        self._orchestrator: dict[int, dict[str, Any]] = {}
+        # Keyed by (variant, step): a sweep ([[variants]]) logs each step once per variant; None: no variants.
+        self._printed: set[tuple[str | None, int]] = set()
+        self._orchestrator: dict[tuple[str | None, int], dict[str, Any]] = {}
 
     def poll(self) -> list[str]:
         """Lines for the trainer steps logged since the last call."""
@@ -37,12 +39,12 @@ class StepPrinter:
         self._offset += len(complete)
         out = []
         for row in filter(None, map(_parse, complete.splitlines())):
-            step = row["step"]
+            key = (row.get("variant"), row["step"])
             if row["component"] == "orchestrator":
-                self._orchestrator[step] = row
-            elif row["component"] == "trainer" and step not in self._printed:
-                self._printed.add(step)
-                out.append(self.format(row, self._orchestrator.pop(step, {})))
+                self._orchestrator[key] = row
+            elif row["component"] == "trainer" and key not in self._printed:
+                self._printed.add(key)
+                out.append(self.format(row, self._orchestrator.pop(key, {})))
         return out
 
     def format(self, trainer: dict[str, Any], orch: dict[str, Any]) -> str:
@@ -52,8 +54,9 @@ class StepPrinter:
 
         # Only under continuous batching (orchestrator.max_off_policy_steps) are groups ever dropped.
         dropped = f" | dropped {orch['dropped/groups']}" if orch.get("dropped/groups") else ""
+        variant = f"{trainer['variant']} " if trainer.get("variant") else ""
         return (
-            f"step {trainer['step']:>4}/{self.max_steps}"
+            f"{variant}step {trainer['step']:>4}/{self.max_steps}"
             f" | reward {get(orch, 'reward/mean', '.3f')}"
             f" | len {get(orch, 'completion_len/mean', '.1f')}"
             f" | lag {get(trainer, 'policy_lag/mean', '.1f')}"

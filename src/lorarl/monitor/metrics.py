@@ -13,8 +13,12 @@ from lorarl.config.models import MonitorConfig
 
 
 class MetricsLogger:
-    def __init__(self, path: Path, component: str, monitor: MonitorConfig, run_name: str) -> None:
-        self.path, self.component, self.monitor = path, component, monitor
+    def __init__(
+        self, path: Path, component: str, monitor: MonitorConfig, run_name: str, variant: str | None = None
+    ) -> None:
+        """`variant`: the [[variants]] adapter whose metrics these are, stamped on every row (and the
+        wandb run's name); None: the run's one adapter."""
+        self.path, self.component, self.monitor, self.variant = path, component, monitor, variant
         self._wandb: Any = None
         if monitor.wandb is not None and monitor.wandb.mode != "disabled":
             import wandb
@@ -23,18 +27,19 @@ class MetricsLogger:
                 project=monitor.wandb.project,
                 mode=monitor.wandb.mode,
                 group=run_name,
-                name=f"{run_name}-{component}",
+                name=f"{run_name}-{component}" if variant is None else f"{run_name}-{variant}-{component}",
                 dir=str(path.parent),
             )
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        row = {"step": step, "component": self.component, "time": time.time(), **_finite(metrics)}
+        stamp = {} if self.variant is None else {"variant": self.variant}
+        row = {"step": step, "component": self.component, **stamp, "time": time.time(), **_finite(metrics)}
         if self.monitor.jsonl:
             # One write of one line with O_APPEND: trainer and orchestrator share the file safely.
             with open(self.path, "a") as f:
                 f.write(json.dumps(row) + "\n")
         if self._wandb is not None:
-            self._wandb.log({f"{self.component}/{k}": v for k, v in metrics.items()}, step=step)
+            self._wandb.log({f"{self._prefix}/{k}": v for k, v in metrics.items()}, step=step)
 
     def log_table(self, step: int, name: str, rows: list[dict[str, Any]]) -> None:
         """Log `rows` (e.g. a step's samples) to wandb as the table `<component>/<name>`, one column
@@ -46,7 +51,13 @@ class MetricsLogger:
         columns = list(dict.fromkeys(key for row in rows for key in row))
         data = [[_cell(row.get(column)) for column in columns] for row in rows]
         table = wandb.Table(columns=[*columns], data=data)  # a copy: its stubs take list[str | int]
-        self._wandb.log({f"{self.component}/{name}": table}, step=step)
+        self._wandb.log({f"{self._prefix}/{name}": table}, step=step)
+
+    @property
+    def _prefix(self) -> str:
+        # A process's loggers share one wandb run (wandb.init returns the running one): a sweep's
+        # variants keep their keys apart, `<variant>/<component>/<metric>`.
+        return self.component if self.variant is None else f"{self.variant}/{self.component}"
 
     def close(self) -> None:
         if self._wandb is not None:

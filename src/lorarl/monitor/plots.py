@@ -126,11 +126,12 @@ def metrics_file(path: Path) -> Path:
     return path if path.is_file() else RunFolder(path).metrics
 
 
-def load_run(path: Path, label: str) -> Run:
+def load_runs(path: Path, label: str) -> list[Run]:
+    """The run at `path`; of a sweep ([[variants]]), each variant as a run of its own, `label/variant`."""
     file = metrics_file(path)
     if not file.is_file():
         raise MetricsError(f"{path}: no {METRICS} (give a run folder or its {METRICS})")
-    run = Run(label)
+    runs: dict[str | None, Run] = {}  # by variant, in the order they first appear
     with open(file, "rb") as f:
         for number, line in enumerate(f, start=1):
             if not line.strip():
@@ -145,11 +146,13 @@ def load_run(path: Path, label: str) -> Run:
                 raise MetricsError(
                     f"{file}:{number}: not a metrics row (an object with an integer step and a component)"
                 )
+            variant = row.get("variant")
+            run = runs.setdefault(variant, Run(label if variant is None else f"{label}/{variant}"))
             metrics = run.metrics.setdefault(row["component"], {})
             for key, value in row.items():
                 if isinstance(value, int | float) and not isinstance(value, bool) and key != "step":
                     metrics.setdefault(key, {})[row["step"]] = float(value)
-    return run
+    return list(runs.values()) or [Run(label)]
 
 
 def run_labels(paths: Sequence[Path]) -> list[str]:
@@ -165,7 +168,7 @@ def default_out(first_run: Path) -> Path:
 def plot_runs(paths: Sequence[Path], out: Path | None = None) -> list[Path]:
     """Write overview.png and one PNG per panel that some run has data for into `out` (default:
     the first run's plots/); return the paths written, the overview first."""
-    runs = [load_run(path, label) for path, label in zip(paths, run_labels(paths), strict=True)]
+    runs = [run for path, label in zip(paths, run_labels(paths), strict=True) for run in load_runs(path, label)]
     panels = [panel for panel in PANELS if any(panel.lines(run) for run in runs)]
     if not panels:
         raise MetricsError(f"nothing to plot: no known metrics in {', '.join(str(metrics_file(p)) for p in paths)}")

@@ -9,7 +9,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from lorarl.monitor.plots import load_run
+from lorarl.monitor.plots import Run, load_runs
 
 
 @dataclass(frozen=True)
@@ -27,9 +27,13 @@ class RunSummary:
         return ", ".join(found) or "—"
 
 
-def summarize(path: Path, window: int = 10) -> RunSummary:
-    """The summary of the run folder (or metrics.jsonl) at `path`."""
-    run = load_run(path, path.name)
+def summarize(path: Path, window: int = 10) -> dict[str, RunSummary]:
+    """The summary of the run folder (or metrics.jsonl) at `path`, by run label: one entry, or one per
+    variant of a sweep ([[variants]], labelled `<folder>/<variant>`)."""
+    return {run.label: _summarize(run, path, window) for run in load_runs(path, path.name)}
+
+
+def _summarize(run: Run, path: Path, window: int) -> RunSummary:
     _, rewards = run.series("orchestrator", "reward/mean")
     if not rewards:
         raise ValueError(f"{path}: no orchestrator step with reward/mean in its metrics")
@@ -47,3 +51,9 @@ def summarize(path: Path, window: int = 10) -> RunSummary:
         grad_norm=statistics.fmean(grad_norms) if grad_norms else None,
         step_time=statistics.median(step_times) if step_times else None,
     )
+
+
+def only(summaries: dict[str, RunSummary]) -> RunSummary:
+    """The summary of a run with one adapter (not a sweep)."""
+    (summary,) = summaries.values()
+    return summary

@@ -23,6 +23,7 @@ class AdapterWatcher:
     """
 
     def __init__(self, pool: WorkerPool, run: RunFolder, run_name: str, delete_unloaded: bool = False) -> None:
+        # run_name: the adapter names' prefix; a variant's is `<run_name>-<variant>` (orchestrator.py).
         self.pool, self.run, self.run_name = pool, run, run_name
         # Disk hygiene: an adapter folder nothing will load again goes (checkpoints keep their own).
         self.delete_unloaded = delete_unloaded
@@ -42,7 +43,8 @@ class AdapterWatcher:
                 name, root = model["id"], model.get("root")
                 if not (model.get("parent") and name.startswith(f"{self.run_name}-step") and root):
                     continue
-                owner = RunFolder(Path(root).parent.parent)  # broadcasts/step_N -> its run folder
+                # broadcasts/step_N, or a variant's broadcasts/<variant>/step_N -> its run folder
+                owner = RunFolder(Path(root).parents[1 if self.run.variant is None else 2])
                 if owner.root.resolve() != self.run.root.resolve() and owner.is_alive():
                     raise RuntimeError(
                         f"{worker.base_url} serves {name} for the run in {owner.root}, which is still going: "

@@ -49,6 +49,7 @@ from lorarl.orchestrator.sampler import ExampleSampler
 from lorarl.orchestrator.samples import write_samples
 from lorarl.rollouts import Rollout, RolloutBatch, policy_lag
 from lorarl.run_folder import RunFolder
+from lorarl.variants import variants_of
 
 log = logging.getLogger("lorarl.orchestrator")
 
@@ -56,7 +57,8 @@ POLL = 0.05  # seconds between looks at running groups and at broadcasts/
 
 
 async def orchestrate(cfg: RLConfig) -> None:
-    """The `orchestrator` process: build the loop, wait for the inference workers, run it."""
+    """The `orchestrator` process: build the loop (one per variant of a sweep, all sampling through
+    the same workers), wait for the inference workers, run them to the end."""
     # Imported here: transformers' AutoTokenizer module imports torch and its FSDP (through
     # auto_docstring, the model auto classes and generation), which the loop itself never needs.
     from transformers import AutoTokenizer
@@ -66,11 +68,30 @@ async def orchestrate(cfg: RLConfig) -> None:
     run_dirs = [(here, there) for there in cfg.inference.worker_run_dirs] or None
     pool = WorkerPool(urls, cfg.inference.api_key, unavailable_timeout=cfg.inference.unavailable_timeout,
                       run_dirs=run_dirs)  # fmt: skip
-    orchestrator = Orchestrator(cfg, pool, AutoTokenizer.from_pretrained(cfg.model.name))
-    log.info("waiting for %d inference worker(s): %s", len(urls), urls)
-    await asyncio.to_thread(wait_until_healthy, urls, cfg.inference.startup_timeout)
-    await orchestrator.watcher.remove_leftovers()
-    await orchestrator.run()
+    try:
+        orchestrators = build_orchestrators(cfg, pool, AutoTokenizer.from_pretrained(cfg.model.name))
+        log.info("waiting for %d inference worker(s): %s", len(urls), urls)
+        await asyncio.to_thread(wait_until_healthy, urls, cfg.inference.startup_timeout)
+        for orchestrator in orchestrators:
+            await orchestrator.watcher.remove_leftovers()
+        await run_all(orchestrators)
+    finally:
+        await pool.close()
+
+
+def build_orchestrators(cfg: RLConfig, pool: WorkerPool, tokenizer: PreTrainedTokenizerBase) -> list[Orchestrator]:
+    """The loop of the run's one adapter, or one loop per variant ([[variants]]), each with the
+    variant's effective config and its view of the run folder, all sharing `pool`."""
+    if not cfg.variants:
+        return [Orchestrator(cfg, pool, tokenizer)]
+    return [Orchestrator(v.cfg, pool, tokenizer, v.run) for v in variants_of(cfg)]
+
+
+async def run_all(orchestrators: list[Orchestrator]) -> None:
+    """Run the loops side by side on this event loop; the first to fail stops the others."""
+    async with asyncio.TaskGroup() as group:
+        for orchestrator in orchestrators:
+            group.create_task(orchestrator.run())
 
 
 class Orchestrator:
@@ -81,10 +102,16 @@ class Orchestrator:
     counters: StepCounters  # the current step's; a fresh one with each batch
     idle_since: float  # time.monotonic() when a group last ran: the policy timeout counts from it
 
-    def __init__(self, cfg: RLConfig, pool: WorkerPool, tokenizer: PreTrainedTokenizerBase) -> None:
+    def __init__(
+        self, cfg: RLConfig, pool: WorkerPool, tokenizer: PreTrainedTokenizerBase, run_folder: RunFolder | None = None
+    ) -> None:
+        """`run_folder`: a variant's view of the run folder (RunFolder.for_variant), whose adapters,
+        batches, samples, checkpoints and metrics rows are the variant's; None: the run's own. The
+        caller owns `pool` and closes it."""
         self.cfg, self.ocfg, self.pool = cfg, cfg.orchestrator, pool
-        self.run_folder = RunFolder(cfg.run_dir).create()
-        self.metrics = MetricsLogger(self.run_folder.metrics, "orchestrator", cfg.monitor, cfg.run_name)
+        self.run_folder = (run_folder or RunFolder(cfg.run_dir)).create()
+        variant = self.run_folder.variant
+        self.metrics = MetricsLogger(self.run_folder.metrics, "orchestrator", cfg.monitor, cfg.run_name, variant)
         judge.use_fleet(pool, cfg.model.name)  # judges ask the base model by default: no adapter, no extra server
         envs = [load_environment(e.id, e.args) for e in self.ocfg.env]
         for env, env_cfg in zip(envs, self.ocfg.env, strict=True):
@@ -109,8 +136,10 @@ class Orchestrator:
         self.runner = EpisodeRunner(pool, tokenizer, self.ocfg.sampling, cfg.seq_len, self.ocfg.chat_template_kwargs)
         for env in envs:
             self.runner.check(env)
+        # A variant's adapters are `<run_name>-<variant>-step<N>`: the variants share the workers.
+        adapter_prefix = cfg.run_name if variant is None else f"{cfg.run_name}-{variant}"
         self.watcher = AdapterWatcher(
-            pool, self.run_folder, cfg.run_name, delete_unloaded=self.ocfg.delete_old_broadcasts
+            pool, self.run_folder, adapter_prefix, delete_unloaded=self.ocfg.delete_old_broadcasts
         )
         self.groups_per_step = self.ocfg.batch_size // self.ocfg.rollouts_per_example
         self.advantages = GroupAdvantages(self.ocfg)  # imports advantage.fn, if any, now: errors show at start
@@ -122,7 +151,9 @@ class Orchestrator:
         evaluated_through = self.step - 1 if cfg.resume else -1  # a resumed run evaluated its versions so far
         self.evaluator = Evaluator(self.ocfg.eval, envs, cfg.max_steps, evaluated_through) if self.ocfg.eval else None
         self.eval_metrics = (
-            MetricsLogger(self.run_folder.metrics, "eval", cfg.monitor, cfg.run_name) if self.ocfg.eval else None
+            MetricsLogger(self.run_folder.metrics, "eval", cfg.monitor, cfg.run_name, variant)
+            if self.ocfg.eval
+            else None
         )
         self.eval_tasks: set[asyncio.Task[None]] = set()
 
@@ -298,7 +329,6 @@ class Orchestrator:
         pending: list[asyncio.Task[Any]] = [*self.in_flight, *self.eval_tasks]
         for task in pending:
             task.cancel()
-        await self.pool.close()
         self.metrics.close()
         if self.eval_metrics is not None:
             self.eval_metrics.close()

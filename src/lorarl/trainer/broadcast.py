@@ -9,12 +9,13 @@ import peft
 from lorarl.run_folder import write_folder_atomically
 from lorarl.trainer.distributed import is_main_process
 from lorarl.trainer.fsdp import gathered_weights
+from lorarl.trainer.model import save_adapter
 
 
 def write_adapter(model: peft.PeftModel, folder: Path) -> None:
-    """adapter_model.safetensors + adapter_config.json, renamed into place, then STABLE. Call it on
-    every rank: a sharded model gathers its adapter from all of them. Rank 0 alone writes."""
+    """The active adapter's adapter_model.safetensors + adapter_config.json, renamed into place, then
+    STABLE. Call it on every rank: a sharded model gathers its adapter from all of them. Rank 0 alone writes."""
     weights = gathered_weights(model)
     if not is_main_process():
         return
-    write_folder_atomically(folder, lambda tmp: model.save_pretrained(str(tmp), state_dict=weights), stable_marker=True)
+    write_folder_atomically(folder, lambda tmp: save_adapter(model, tmp, weights), stable_marker=True)

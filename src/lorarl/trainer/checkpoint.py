@@ -27,6 +27,7 @@ from safetensors.torch import load_file, load_model, save_file, save_model
 from lorarl.run_folder import RunFolder, write_file_atomically
 from lorarl.trainer.distributed import is_main_process
 from lorarl.trainer.fsdp import gathered_optimizer_state, gathered_weights, is_sharded, load_optimizer_state
+from lorarl.trainer.model import save_adapter
 
 log = logging.getLogger("lorarl.checkpoint")
 
@@ -40,9 +41,10 @@ def save_checkpoint(
     state: dict[str, Any],
     keep_last: int | None = None,
 ) -> Path | None:
-    """Write the checkpoint of `step` (`state` is saved beside the step in state.json), then delete
-    all but the newest `keep_last` checkpoints. Call it on every rank: a sharded model gathers its
-    weights and optimizer state from all of them. Rank 0 alone writes, and returns the folder."""
+    """Write the checkpoint of `step` (of a PEFT model: its active adapter; `state` is saved beside
+    the step in state.json), then delete all but the newest `keep_last` checkpoints. Call it on
+    every rank: a sharded model gathers its weights and optimizer state from all of them. Rank 0
+    alone writes, and returns the folder."""
     weights = gathered_weights(model)
     optimizer_state = gathered_optimizer_state(model, optimizer) if is_sharded(model) else optimizer.state_dict()
     if not is_main_process():
@@ -50,7 +52,7 @@ def save_checkpoint(
 
     def write(folder: Path) -> None:
         if isinstance(model, peft.PeftModel):
-            model.save_pretrained(str(folder / "adapter"), state_dict=weights)
+            save_adapter(model, folder / "adapter", weights)
         elif weights is not None:
             save_file(weights, str(folder / "model.safetensors"))
         else:
@@ -74,11 +76,12 @@ def find_checkpoint(run: RunFolder, step: int | None) -> Path:
 
 
 def load_weights(folder: Path, model: torch.nn.Module) -> None:
-    """The checkpoint's adapter, or every weight, into the model: the unsharded one, built as for
-    the run that wrote it."""
+    """The checkpoint's adapter (into the model's active one), or every weight, into the model: the
+    unsharded one, built as for the run that wrote it."""
     if isinstance(model, peft.PeftModel):
         weights = load_file(folder / "adapter" / "adapter_model.safetensors")
-        result: Any = peft.set_peft_model_state_dict(model, weights)  # torch's load_state_dict result
+        # torch's load_state_dict result; into the active adapter, as `save_checkpoint` saved it
+        result: Any = peft.set_peft_model_state_dict(model, weights, adapter_name=model.active_adapter)
         if result.unexpected_keys:
             raise ValueError(f"{folder}: adapter weights that the model lacks: {result.unexpected_keys[:5]}")
     else:

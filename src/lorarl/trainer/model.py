@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import resource
 import sys
+from pathlib import Path
 
 import peft
 import torch
@@ -34,15 +35,25 @@ def peft_lora_config(cfg: LoraConfig) -> peft.LoraConfig:
     )
 
 
-def apply_lora(model: PreTrainedModel, cfg: LoraConfig) -> peft.PeftModel:
-    """Wrap `model` with a trainable LoRA adapter: fresh (B = 0, so it starts as the base model)
-    or loaded from `cfg.init_adapter`. Only adapter weights (and `modules_to_save`) require grad."""
+def apply_lora(
+    model: PreTrainedModel | peft.PeftModel, cfg: LoraConfig, adapter_name: str = "default"
+) -> peft.PeftModel:
+    """Wrap `model` with a trainable LoRA adapter named `adapter_name`: fresh (B = 0, so it starts as
+    the base model) or loaded from `cfg.init_adapter`. Only adapter weights (and `modules_to_save`)
+    require grad. A PeftModel gets the adapter added beside those it has ([[variants]]); the
+    caller picks the active one (`set_adapter`)."""
     if cfg.init_adapter is not None:
         cfg.check_init_adapter()
-        return peft.PeftModel.from_pretrained(model, str(cfg.init_adapter), is_trainable=True)
+        if isinstance(model, peft.PeftModel):
+            model.load_adapter(str(cfg.init_adapter), adapter_name, is_trainable=True)
+            return model
+        return peft.PeftModel.from_pretrained(model, str(cfg.init_adapter), adapter_name, is_trainable=True)
     linear_names = sorted({n.rpartition(".")[2] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
     try:
-        return peft.get_peft_model(model, peft_lora_config(cfg))
+        if isinstance(model, peft.PeftModel):
+            model.add_adapter(adapter_name, peft_lora_config(cfg))
+            return model
+        return peft.get_peft_model(model, peft_lora_config(cfg), adapter_name=adapter_name)
     except NoMatchingPeftModuleError as e:
         excluded = f" (exclude_modules = {cfg.exclude_modules!r})" if cfg.exclude_modules else ""
         raise ValueError(
@@ -55,6 +66,19 @@ def apply_lora(model: PreTrainedModel, cfg: LoraConfig) -> peft.PeftModel:
     except ValueError as e:
         # e.g. on an MoE model, gate_proj without up_proj (PEFT fuses them into gate_up_proj).
         raise ValueError(f"[model.lora] target_modules = {cfg.target_modules!r}: {e}") from None
+
+
+def save_adapter(model: peft.PeftModel, folder: Path, state_dict: dict[str, torch.Tensor] | None = None) -> None:
+    """The model's active adapter alone, as a plain PEFT adapter folder (adapter_config.json and
+    adapter_model.safetensors) that vLLM and `PeftModel.from_pretrained` load. PEFT writes an adapter
+    not named "default" (a [[variants]] adapter) one folder down, under its name: moved up here."""
+    name = model.active_adapter
+    model.save_pretrained(str(folder), selected_adapters=[name], state_dict=state_dict)
+    if name != "default":
+        nested = folder / name
+        for entry in nested.iterdir():
+            entry.replace(folder / entry.name)
+        nested.rmdir()
 
 
 def check_vllm_can_serve(model: peft.PeftModel) -> None:

@@ -10,6 +10,8 @@ The forward passes take `micro_batch_size` samples each, one per padded row, or 
 (the default) `micro_batch_size` rows of up to `seq_len` tokens, several samples to a row.
 Set-up, resume, the data-parallel forward/backward pass and the optimizer step are the skeleton's
 that SFT shares (skeleton.py); this loop adds the rollouts, the policy loss and the broadcasts.
+A sweep ([[variants]]) runs the same step (`train_step`) for each variant's adapter in turn, all on
+one base model (trainer/variants.py).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import peft
 import torch
 
 from lorarl.config.models import LossConfig, RLConfig
+from lorarl.monitor.metrics import MetricsLogger
 from lorarl.rollouts import Rollout, RolloutBatch, policy_lag
 from lorarl.trainer.batching import MicroBatch, TrainSample
 from lorarl.trainer.broadcast import write_adapter
@@ -45,73 +48,88 @@ log = logging.getLogger("lorarl.trainer")
 def train(cfg: RLConfig) -> None:
     if cfg.trainer.num_threads is not None:  # e.g. to leave vLLM workers on this machine their cores
         torch.set_num_threads(cfg.trainer.num_threads)
+    if cfg.variants:
+        from lorarl.trainer.variants import train_variants
+
+        train_variants(cfg)
+        return
     trainer = Trainer.set_up(cfg, lambda: rl_model(cfg))
+    metrics = trainer.metrics_logger("trainer", cfg)
+    write_starting_adapter(trainer)
+    for step in range(trainer.start + 1, cfg.max_steps + 1):
+        train_step(trainer, cfg, step, metrics)
+    metrics.close()
+    trainer.dp.close()
+
+
+def write_starting_adapter(trainer: Trainer[peft.PeftModel]) -> None:
+    """The policy the orchestrator starts from: version `start` (0, or the checkpoint's step). Writing
+    it, as every adapter and checkpoint, takes every rank (FSDP gathers the weights); rank 0 writes."""
+    write_adapter(trainer.model, trainer.run.broadcast(trainer.start))
+    if trainer.dp.is_main:
+        log.info("wrote the starting adapter to %s", trainer.run.broadcast(trainer.start))
+
+
+def train_step(trainer: Trainer[peft.PeftModel], cfg: RLConfig, step: int, metrics: MetricsLogger) -> None:
+    """Step `step` of the model's active adapter: wait for its batch, train on it, write the adapter
+    (and the checkpoint, when due), log the step."""
     run, dp, model = trainer.run, trainer.dp, trainer.model
     device = dp.device()
-    metrics = trainer.metrics_logger("trainer", cfg)
-    # The policy the orchestrator starts from: version `start` (0, or the checkpoint's step). Writing
-    # it, as every adapter and checkpoint, takes every rank (FSDP gathers the weights); rank 0 writes.
-    write_adapter(model, run.broadcast(trainer.start))
-    if dp.is_main:
-        log.info("wrote the starting adapter to %s", run.broadcast(trainer.start))
+    t0 = time.perf_counter()
+    batch = wait_for_batch(run.rollouts(step), step, cfg.trainer.batch_timeout)
+    t_batch = time.perf_counter()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
 
-    for step in range(trainer.start + 1, cfg.max_steps + 1):
-        t0 = time.perf_counter()
-        batch = wait_for_batch(run.rollouts(step), step, cfg.trainer.batch_timeout)
-        t_batch = time.perf_counter()
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
+    samples = [train_sample(r) for r in batch.rollouts]
+    loss_tokens = sum(sum(s.loss_mask) for s in samples)
+    if samples:
+        pass_loss = policy_gradient_loss(model, samples, cfg.trainer.loss, max(1, loss_tokens))
+        step_stats = forward_backward_step(model, samples, pass_loss, trainer.passes, dp)
+        loss = step_stats.pop("loss")
+        t_backward = time.perf_counter()
+        grad_norm, lr = trainer.optimizer_step()
+    else:  # nothing to learn from (module docstring), on every rank alike
+        step_stats, loss, t_backward = {}, 0.0, time.perf_counter()
+        grad_norm, lr = 0.0, trainer.step_without_update()
+    t_optim = time.perf_counter()
 
-        samples = [train_sample(r) for r in batch.rollouts]
-        loss_tokens = sum(sum(s.loss_mask) for s in samples)
-        if samples:
-            pass_loss = policy_gradient_loss(model, samples, cfg.trainer.loss, max(1, loss_tokens))
-            step_stats = forward_backward_step(model, samples, pass_loss, trainer.passes, dp)
-            loss = step_stats.pop("loss")
-            t_backward = time.perf_counter()
-            grad_norm, lr = trainer.optimizer_step()
-        else:  # nothing to learn from (module docstring), on every rank alike
-            step_stats, loss, t_backward = {}, 0.0, time.perf_counter()
-            grad_norm, lr = 0.0, trainer.step_without_update()
-        t_optim = time.perf_counter()
+    write_adapter(model, run.broadcast(step))
+    t_broadcast = time.perf_counter()
+    ckpt = cfg.trainer.ckpt
+    if ckpt.interval is not None and step % ckpt.interval == 0:
+        save_checkpoint(run, step, model, trainer.optimizer, trainer.scheduler, {}, ckpt.keep_last)
+    t_end = time.perf_counter()
 
-        write_adapter(model, run.broadcast(step))
-        t_broadcast = time.perf_counter()
-        ckpt = cfg.trainer.ckpt
-        if ckpt.interval is not None and step % ckpt.interval == 0:
-            save_checkpoint(run, step, model, trainer.optimizer, trainer.scheduler, {}, ckpt.keep_last)
-        t_end = time.perf_counter()
-
-        lags = [policy_lag(step, r.policy_version) for r in batch.rollouts]
-        metrics.log(
-            step,
-            {
-                "loss": loss,
-                "grad_norm": grad_norm,
-                "lr": lr,
-                **step_stats,
-                **({"policy_lag/mean": sum(lags) / len(lags), "policy_lag/max": max(lags)} if lags else {}),
-                "samples": len(samples),
-                "skipped_steps": trainer.skipped_steps,
-                "tokens": loss_tokens,
-                "tokens_per_s": loss_tokens / max(1e-9, t_end - t_batch),
-                "memory/peak_gib": peak_memory_gib(device),
-                "time/wait_for_batch": t_batch - t0,
-                "time/forward_backward": t_backward - t_batch,
-                "time/optimizer": t_optim - t_backward,
-                "time/broadcast": t_broadcast - t_optim,
-                "time/checkpoint": t_end - t_broadcast,
-                "time/step": t_end - t0,
-            },
-        )
-        if dp.is_main and not cfg.trainer.keep_rollouts:
-            shutil.rmtree(run.rollouts(step))  # trained on: only a resume would need it, and it samples anew
-        log.info(
-            "step %d: loss %.4f, grad norm %.3f, |logp diff| %.2e, waited %.1f s for the batch",
-            step, loss, grad_norm, step_stats.get("mismatch/logprob_abs_diff", 0.0), t_batch - t0,
-        )  # fmt: skip
-    metrics.close()
-    dp.close()
+    lags = [policy_lag(step, r.policy_version) for r in batch.rollouts]
+    metrics.log(
+        step,
+        {
+            "loss": loss,
+            "grad_norm": grad_norm,
+            "lr": lr,
+            **step_stats,
+            **({"policy_lag/mean": sum(lags) / len(lags), "policy_lag/max": max(lags)} if lags else {}),
+            "samples": len(samples),
+            "skipped_steps": trainer.skipped_steps,
+            "tokens": loss_tokens,
+            "tokens_per_s": loss_tokens / max(1e-9, t_end - t_batch),
+            "memory/peak_gib": peak_memory_gib(device),
+            "time/wait_for_batch": t_batch - t0,
+            "time/forward_backward": t_backward - t_batch,
+            "time/optimizer": t_optim - t_backward,
+            "time/broadcast": t_broadcast - t_optim,
+            "time/checkpoint": t_end - t_broadcast,
+            "time/step": t_end - t0,
+        },
+    )
+    if dp.is_main and not cfg.trainer.keep_rollouts:
+        shutil.rmtree(run.rollouts(step))  # trained on: only a resume would need it, and it samples anew
+    log.info(
+        "%sstep %d: loss %.4f, grad norm %.3f, |logp diff| %.2e, waited %.1f s for the batch",
+        f"{run.variant}: " if run.variant else "", step, loss, grad_norm,
+        step_stats.get("mismatch/logprob_abs_diff", 0.0), t_batch - t0,
+    )  # fmt: skip
 
 
 def rl_model(cfg: RLConfig) -> peft.PeftModel:

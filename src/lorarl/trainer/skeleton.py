@@ -19,6 +19,7 @@ import logging
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import torch
@@ -87,6 +88,23 @@ class Trainer(Generic[Model]):
         if checkpoint is not None:
             load_weights(checkpoint, model)  # into the whole model, before FSDP shards it
         dp.place(model)
+        return cls.on_placed_model(cfg, run, dp, model, checkpoint, pad_id)
+
+    @classmethod
+    def on_placed_model(
+        cls,
+        cfg: RLConfig | SFTConfig,
+        run: RunFolder,
+        dp: DataParallel,
+        model: Model,
+        checkpoint: Path | None,
+        pad_id: int,
+    ) -> Trainer[Model]:
+        """The second half of `set_up`, once the model is placed (and holds `checkpoint`'s weights): an
+        optimizer over the parameters that require grad now, the schedule, the checkpoint's training
+        state. With several adapters on one model (trainer/variants.py), each gets its own, built while
+        it alone is trainable."""
+        training = training_section(cfg)
         optimizer = build_optimizer(model, training.optim)  # after `place`: FSDP made new parameters
         scheduler = build_scheduler(optimizer, training.scheduler, cfg.max_steps)
         resumed = None
@@ -101,7 +119,7 @@ class Trainer(Generic[Model]):
     def metrics_logger(self, component: str, cfg: RLConfig | SFTConfig) -> MetricsLogger:
         # Rank 0 alone logs: every rank holds the same weights (with fsdp, its shards of them).
         monitor = cfg.monitor if self.dp.is_main else MonitorConfig(jsonl=False, console=False)
-        return MetricsLogger(self.run.metrics, component, monitor, cfg.run_name)
+        return MetricsLogger(self.run.metrics, component, monitor, cfg.run_name, self.run.variant)
 
     def optimizer_step(self) -> tuple[float, float]:
         """Clip the step's gradient, step the optimizer and the schedule, clear the gradient. Returns

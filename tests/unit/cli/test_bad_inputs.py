@@ -159,6 +159,18 @@ CASES: list[Case] = [
     ("rl", rl_args("--resume", run_name="new"), "--resume: no complete checkpoint"),
     ("rl", rl_args("--resume.step", "3", run_name="previous"), "--resume.step 3: no complete checkpoint"),
     ("rl", rl_args("--resume", "--overwrite", run_name="previous"), "give one of them"),
+    # A sweep ([[variants]]): the variant's key, or the variant, is named.
+    ("rl", rl_args("--variants", '[{"name": "a", "model": {"lora": {"rank": 0}}}]'), "variants[0].model.lora.rank"),
+    (
+        "rl",
+        rl_args("--variants", '[{"name": "a", "orchestrator": {"env": [{"id": "nope"}]}}]'),
+        "variant 'a': orchestrator.env[0] id 'nope'",
+    ),
+    (
+        "rl",
+        rl_args("--variants", '[{"name": "a"}]', "--resume", run_name="previous"),
+        "--resume: no complete checkpoint",
+    ),
     ("rl", rl_args("--overwrite", run_name="mine"), "was not written by lorarl"),
     (
         "rl",

@@ -190,3 +190,46 @@ def test_a_trainer_started_without_its_ranks_says_how_to_start_them(monkeypatch:
     with pytest.raises(RuntimeError, match="parallel.dp = 2, but this process is one of 1 rank.*torchrun"):
         init_data_parallel(ParallelConfig(dp=2, fsdp=True))
     assert init_data_parallel(ParallelConfig()).world_size == 1
+
+
+def sweep(*variants: dict, **top: object) -> RLConfig:
+    return RLConfig.model_validate({"model": {"name": "m", "lora": {"rank": 8, "alpha": 64.0, "use_rslora": True}},
+                                    "trainer": {"optim": {"lr": 1e-4, "weight_decay": 0.1}},
+                                    "variants": list(variants), **top})  # fmt: skip
+
+
+def test_a_variant_inherits_every_key_it_does_not_set() -> None:
+    r1 = {"name": "r1", "model": {"lora": {"rank": 1}}, "trainer": {"optim": {"lr": 3e-4}}}
+    cfg = sweep(r1, {"name": "math", "orchestrator": {"env": [{"id": "math"}]}, "trainer": {"loss": {"kl_coef": 0.1}}})
+    (r1_name, r1), (math_name, math) = cfg.variant_configs()
+    assert (r1_name, math_name) == ("r1", "math")
+    assert (r1.lora.rank, r1.lora.alpha, r1.lora.use_rslora) == (1, 64.0, True)  # rank set, the rest inherited
+    assert (r1.trainer.optim.lr, r1.trainer.optim.weight_decay) == (3e-4, 0.1)
+    assert [e.id for e in r1.orchestrator.env] == ["reverse_text"] and r1.trainer.loss.kl_coef == 0
+    assert [e.id for e in math.orchestrator.env] == ["math"] and math.trainer.loss.kl_coef == 0.1
+    assert math.lora.rank == 8 and not r1.variants and not math.variants
+    assert cfg.max_lora_rank == 8 and cfg.adapter_slots == 2 * cfg.orchestrator.adapter_slots
+
+
+def test_without_variants_the_run_has_its_one_adapter() -> None:
+    cfg = sweep()
+    assert cfg.variant_configs() == [] and cfg.max_lora_rank == 8
+    assert cfg.adapter_slots == cfg.orchestrator.adapter_slots
+
+
+@pytest.mark.parametrize(
+    ("variants", "message"),
+    [
+        ([{"name": "a"}, {"name": "b", "model": {"lora": {"rank": 0}}}], r"variants\[1\]\.model\.lora\.rank: Input"),
+        ([{"name": "a", "trainer": {"loss": {"nrom": "token"}}}], r"variants\[0\]\.trainer\.loss\.nrom: unknown key"),
+        ([{"name": "a", "trainer": {"loss": {"norm": "constant"}}}], r"variants\[0\]\.trainer\.loss: norm ="),
+        ([{"name": "a"}, {"name": "a"}], r"names must be unique, \['a'\]"),
+        ([{"name": "-a"}], r"variants\.0\.name: String should match"),
+        ([{"name": "a", "model": {"name": "other"}}], r"variants\.0\.model\.name: unknown key"),
+    ],
+)
+def test_a_bad_variant_names_its_key(tmp_path: Path, variants: list[dict], message: str) -> None:
+    path = tmp_path / "rl.json"
+    path.write_text(json.dumps({"model": {"name": "m"}, "variants": variants}))
+    with pytest.raises(ConfigError, match=message):
+        load_config(RLConfig, ["@", str(path)])

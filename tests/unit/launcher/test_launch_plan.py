@@ -1,3 +1,4 @@
+import json
 import os
 from pathlib import Path
 
@@ -82,3 +83,19 @@ def test_max_off_policy_steps_cannot_drop_groups_sampled_ahead_on_purpose(tmp_pa
         cfg(tmp_path, orchestrator={"max_async_level": 2, "max_off_policy_steps": 2}).orchestrator.max_policy_lag == 2
     )
     assert cfg(tmp_path, orchestrator={"max_async_level": 2}).orchestrator.max_policy_lag == 2
+
+
+def test_a_sweep_starts_vllm_for_its_largest_rank_and_every_variants_adapters(tmp_path: Path) -> None:
+    variants = [{"name": n, "model": {"lora": {"rank": r}}} for n, r in (("r1", 1), ("r4", 4), ("r64", 64))]
+    c = cfg(tmp_path, orchestrator={"max_async_level": 2}, variants=variants)
+    cmd = " ".join(vllm_command(c))
+    assert "--max-lora-rank 64" in cmd
+    assert "--max-loras 12" in cmd  # 4 versions each (see above), for 3 variants
+    flag = {"extra_args": ["--max-loras=6"]}
+    with pytest.raises(ValueError, match="sets --max-loras 6, but .* for each of 3 variants, so 12"):
+        cfg(tmp_path, orchestrator={"max_async_level": 2}, inference=flag, variants=variants)
+    run = RunFolder(tmp_path / "default").create()
+    plan_run(c, run, place(c, 0))
+    for role in ("trainer", "orchestrator", "inference"):  # each process resolves the variants itself
+        written = json.loads((run.configs / f"{role}.json").read_text())
+        assert [v["name"] for v in written["variants"]] == ["r1", "r4", "r64"]

@@ -48,3 +48,18 @@ def test_a_replaced_file_and_broken_lines_never_stop_it(tmp_path: Path) -> None:
     write_rows(path, {"component": "trainer", "step": 4, "loss": 0.2})
     (line,) = printer.poll()
     assert line.startswith("step    4/4")
+
+
+def test_a_sweep_gets_a_line_per_variant_and_step_named_by_the_variant(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    printer = StepPrinter(path, max_steps=2)
+    write_rows(
+        path,
+        {"component": "orchestrator", "variant": "r1", "step": 1, "reward/mean": 0.25},
+        {"component": "orchestrator", "variant": "r64", "step": 1, "reward/mean": 0.75},
+        {"component": "trainer", "variant": "r64", "step": 1, "loss": 0.5},
+        {"component": "trainer", "variant": "r1", "step": 1, "loss": 0.25},
+    )
+    lines = printer.poll()
+    assert [line.split(" | ")[:2] for line in lines] == [["r64 step    1/2", "reward 0.750"],
+                                                        ["r1 step    1/2", "reward 0.250"]]  # fmt: skip

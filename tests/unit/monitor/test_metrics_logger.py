@@ -42,3 +42,19 @@ def test_log_table_without_wandb_does_nothing(tmp_path: Path, wandb: WandbConfig
     logger.log_table(1, "samples", SAMPLES)
     logger.close()
     assert list(tmp_path.iterdir()) == []  # no table in metrics.jsonl, no wandb folder
+
+
+def test_a_variants_rows_and_wandb_keys_carry_its_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"):
+        monkeypatch.setenv(var, str(tmp_path / var.lower()))
+    monitor = MonitorConfig(wandb=WandbConfig(project="lorarl-test", mode="offline"))
+    loggers = [MetricsLogger(tmp_path / "metrics.jsonl", "trainer", monitor, "run", v) for v in ("r1", "r64")]
+    for logger in loggers:  # one process: the loggers share its wandb run, the keys stay apart
+        logger.log(1, {"loss": 0.5})
+        logger.log_table(1, "samples", SAMPLES)
+    for logger in loggers:
+        logger.close()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["variant"], r["component"]) for r in rows] == [("r1", "trainer"), ("r64", "trainer")]
+    for variant in ("r1", "r64"):
+        assert list(tmp_path.glob(f"wandb/offline-run-*/files/media/table/{variant}/trainer/samples_*.table.json"))

@@ -14,7 +14,7 @@ import pytest
 from matplotlib.image import imread
 
 from lorarl.cli.plot import main
-from lorarl.monitor.plots import run_labels
+from lorarl.monitor.plots import load_runs, run_labels
 
 RL_PANELS = ["reward", "reward_by_function", "eval", "policy_lag", "mismatch", "entropy", "grad_norm", "loss",
              "step_time", "throughput"]  # fmt: skip
@@ -141,3 +141,15 @@ def test_runs_as_a_command_without_a_display(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[0] == str(run / "plots" / "overview.png")
     assert_png(run / "plots" / "overview.png")
+
+
+def test_a_sweeps_variants_are_drawn_as_runs_of_their_own(tmp_path: Path) -> None:
+    rows = [row | {"variant": name} for name, learn in (("r1", 0.01), ("r64", 0.1)) for row in rl_rows(4, learn, True)]
+    sweep = write_metrics(tmp_path / "sweep", rows)
+    runs = load_runs(sweep, "sweep")
+    assert [run.label for run in runs] == ["sweep/r1", "sweep/r64"]
+    # Each variant's own values, not the other's written over them at the same step.
+    assert runs[0].series("trainer", "loss")[1] == [0.01 / s for s in range(1, 5)]
+    assert runs[1].series("eval", "eval/reverse_text/avg@4")[1] == pytest.approx([0.2, 0.4, 0.6])
+    main([str(sweep)])
+    assert_png(sweep / "plots" / "reward.png")

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from lorarl.monitor.summary import summarize
+from lorarl.monitor.summary import only, summarize
 from tests.unit.monitor.test_plots import rl_rows, write_metrics
 
 
 def test_summary_of_a_learning_run(tmp_path: Path) -> None:
     run = write_metrics(tmp_path / "run", rl_rows(steps=6, learn=0.1, evals=True))
-    s = summarize(run, window=2)
+    s = only(summarize(run, window=2))
     assert s.steps == 6
     assert s.reward_first == pytest.approx((0.3 + 0.4) / 2)  # steps 1, 2: 0.2 + 0.1 * step
     assert s.reward_last == pytest.approx((0.7 + 0.8) / 2)
@@ -25,7 +25,7 @@ def test_summary_of_a_learning_run(tmp_path: Path) -> None:
 
 def test_summary_without_evals_or_trainer_rows(tmp_path: Path) -> None:
     rows = [r for r in rl_rows(steps=3, learn=0.0, evals=False) if r["component"] == "orchestrator"]
-    s = summarize(write_metrics(tmp_path / "run", rows))
+    s = only(summarize(write_metrics(tmp_path / "run", rows)))
     assert (s.steps, s.evals, s.grad_norm, s.step_time) == (3, {}, None, None)
     assert s.eval_change("avg@") == "—"
 
@@ -34,3 +34,11 @@ def test_a_run_without_rewards_is_named(tmp_path: Path) -> None:
     run = write_metrics(tmp_path / "sft-run", [{"step": 1, "component": "sft", "loss": 1.0}])
     with pytest.raises(ValueError, match="sft-run: no orchestrator step"):
         summarize(run)
+
+
+def test_a_sweep_is_summarized_per_variant(tmp_path: Path) -> None:
+    rows = [r | {"variant": v} for v, learn in (("r1", 0.0), ("r64", 0.1)) for r in rl_rows(4, learn, evals=False)]
+    summaries = summarize(write_metrics(tmp_path / "sweep", rows), window=1)
+    assert list(summaries) == ["sweep/r1", "sweep/r64"]
+    assert summaries["sweep/r1"].reward_last == pytest.approx(0.2)
+    assert summaries["sweep/r64"].reward_last == pytest.approx(0.6)

@@ -86,7 +86,8 @@ def run_orchestrator(cfg: RLConfig) -> tuple[RunFolder, list[dict[str, Any]]]:
         return orchestrator.run_folder
 
     run = asyncio.run(both())
-    assert pool.closed and pool.loaded == {f"{cfg.run_name}-step{cfg.max_steps}"}  # the final policy stays served
+    assert not pool.closed, "the pool is its creator's to close"  # a sweep's loops share it
+    assert pool.loaded == {f"{cfg.run_name}-step{cfg.max_steps}"}  # the final policy stays served
     return run, [json.loads(line) for line in run.metrics.read_text().splitlines()]
 
 
