@@ -289,10 +289,11 @@ def main() -> None:
     server_args = [*rl_flags(args.model, args.out), "--inference.port", str(args.port),
                    "--orchestrator.max_async_level", str(max(args.levels))]  # fmt: skip
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
-    server = subprocess.Popen(
-        [sys.executable, "-m", "lorarl.cli.inference", *server_args],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True,
-    )  # fmt: skip
+    with (args.out / "inference.log").open("w") as server_log:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "lorarl.cli.inference", *server_args],
+            stdout=server_log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        )  # fmt: skip
     try:
         wait_until_healthy([url], timeout=900, alive=lambda: server.poll() is None)
         results["(a) vLLM generation alone"] = generation_alone(url, args.model, args.steps + 1)
