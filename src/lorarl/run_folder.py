@@ -3,7 +3,8 @@
     run.json              the marker: lorarl wrote this folder (kind, run name, config hash, start)
     configs/  logs/       per-process configs and commands; one log per process
     rollouts/step_N/      the batch for trainer step N
-    broadcasts/step_N/    the adapter after step N (PEFT folder, STABLE last)
+    broadcasts/step_N/    the adapter after step N (PEFT folder, STABLE last; updated_at.json: when
+                          its optimizer step ended, for the hand-off latency perf/adapter_live_s)
     checkpoints/step_N/   trainer/ and orchestrator/ halves
     samples/step_N.jsonl  metrics.jsonl  final/  plots/ (lorarl-plot)
 
@@ -36,6 +37,7 @@ METRICS = "metrics.jsonl"
 BATCH_FILE = "rollouts.jsonl"  # in rollouts/step_N/: one rollout per line
 LOCK = ".lock"  # held (flock) by the `rl` or `sft` process while the run is alive
 MANIFEST = "MANIFEST.json"
+UPDATED_AT = "updated_at.json"  # in broadcasts/step_N/: {"time": Unix time its optimizer step ended}
 _STEP = re.compile(r"^step_(\d+)$")
 # Everything lorarl writes at the top of a run folder; clearing never reaches beyond these.
 _OUTPUTS = ("configs", "logs", "rollouts", "broadcasts", "samples", "checkpoints", "final", "plots", METRICS)
@@ -73,6 +75,14 @@ class RunFolder:
 
     def broadcast(self, step: int) -> Path:
         return self._steps("broadcasts") / f"step_{step}"
+
+    def broadcast_updated_at(self, step: int) -> float | None:
+        """When the optimizer step that made broadcasts/step_N ended (Unix time), or None: a starting or
+        unchanged adapter, or one written before lorarl recorded it."""
+        try:
+            return float(json.loads((self.broadcast(step) / UPDATED_AT).read_text())["time"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
 
     def samples(self, step: int) -> Path:
         return self._steps("samples") / f"step_{step}.jsonl"

@@ -2,9 +2,12 @@
 
 No model hub is reachable on the machines lorarl is developed and tested on, so the quickstart
 and the tests train this model. It is a regular Qwen3 checkpoint: transformers, PEFT and vLLM load
-it like any other (vLLM's CPU attention needs head_dim >= 32, hence 32).
+it like any other (vLLM's CPU attention needs head_dim >= 32, hence 32 by default).
 
     python -m lorarl.tiny_model outputs/models/tiny-qwen3
+    python -m lorarl.tiny_model outputs/models/qwen3-24m --hidden-size 512 --num-layers 8 --head-dim 64
+
+The second is the 24M-parameter model of the throughput benchmark (scripts/benchmark_throughput.py).
 """
 
 from __future__ import annotations
@@ -122,8 +125,8 @@ def build_model(
     hidden_size: int = 128,
     num_layers: int = 4,
     seed: int = 0,
+    head_dim: int = 32,
 ) -> Qwen3ForCausalLM:
-    head_dim = 32
     config = Qwen3Config(
         vocab_size=vocab_size,
         hidden_size=hidden_size,
@@ -144,11 +147,11 @@ def build_model(
     return Qwen3ForCausalLM(config)
 
 
-def save_tiny_model(out: Path, hidden_size: int = 128, num_layers: int = 4, seed: int = 0) -> Path:
+def save_tiny_model(out: Path, hidden_size: int = 128, num_layers: int = 4, seed: int = 0, head_dim: int = 32) -> Path:
     tokenizer = build_tokenizer()
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     assert eos is not None and pad is not None
-    model = build_model(len(tokenizer), eos, pad, hidden_size, num_layers, seed)
+    model = build_model(len(tokenizer), eos, pad, hidden_size, num_layers, seed, head_dim)
     model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=pad)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
@@ -162,8 +165,9 @@ def main() -> None:
     parser.add_argument("--hidden-size", type=int, default=128)
     parser.add_argument("--num-layers", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--head-dim", type=int, default=32, help="at least 32 (vLLM's CPU attention)")
     args = parser.parse_args()
-    save_tiny_model(args.out, args.hidden_size, args.num_layers, args.seed)
+    save_tiny_model(args.out, args.hidden_size, args.num_layers, args.seed, args.head_dim)
     n = sum(p.numel() for p in Qwen3ForCausalLM.from_pretrained(args.out).parameters())
     print(f"wrote {args.out} ({n / 1e6:.2f}M parameters)")
 

@@ -559,6 +559,13 @@ class InferenceConfig(Section):
     (`memory/peak_gib`) plus about 2 GiB: see README "GPUs". None: 0.9, or 0.4 with colocate_with_trainer."""
     kv_cache_gib: int = Field(1, ge=1)
     """KV cache per vLLM server in whole GiB on machines without a GPU (VLLM_CPU_KVCACHE_SPACE)."""
+    cpu_threads: int | None = Field(1, ge=1)
+    """On a machine without GPUs: cores (and OpenMP threads) of each vLLM server `rl` starts, per
+    tensor-parallel rank. Worker i is pinned, its whole process tree, to the next cores in order, leaving
+    the last core (and any others) to the trainer's trainer.num_threads threads, so that vLLM's busy-waiting
+    engine cannot take the trainer's core (README "Performance"); workers that need every core spread over
+    all of them. None: no pinning, vLLM binds its threads itself (VLLM_CPU_OMP_THREADS_BIND=auto: the
+    first core, for every worker). Unused with urls and on GPUs."""
     startup_timeout: float = Field(600.0, gt=0)
     """Seconds to wait for every vLLM server to answer /health before giving up."""
     extra_args: list[str] = []

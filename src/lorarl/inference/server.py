@@ -8,6 +8,8 @@ from __future__ import annotations
 import sys
 
 from lorarl.config.models import VLLM_LORA_RANKS, RLConfig
+from lorarl.inference.cpu_cores import pinned, worker_cores
+from lorarl.launcher.placement import visible_gpus
 
 
 def vllm_max_lora_rank(rank: int) -> int:
@@ -25,10 +27,10 @@ def worker_urls(cfg: RLConfig, hosts: list[str] | None = None) -> list[str]:
 
 
 def vllm_command(cfg: RLConfig, worker: int = 0, host: str | None = None) -> list[str]:
-    """The command of worker `worker`, listening on `host` (its node's address where Ray placed it)
-    or inference.host."""
+    """The command of worker `worker`, listening on `host` (its node's address where Ray placed it) or
+    inference.host; on a machine without GPUs confined to its cores (cpu_cores.py)."""
     inf = cfg.inference
-    return [
+    cmd = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", cfg.model.name,
         "--dtype", cfg.model.dtype,
@@ -48,6 +50,8 @@ def vllm_command(cfg: RLConfig, worker: int = 0, host: str | None = None) -> lis
         *(["--api-key", inf.api_key] if inf.api_key else []),
         *inf.extra_args,
     ]  # fmt: skip
+    cores = worker_cores(cfg, worker) if visible_gpus(cfg) == 0 else None
+    return cmd if cores is None else pinned(cmd, cores)
 
 
 def vllm_env(cfg: RLConfig, gpus: str | None = None) -> dict[str, str]:

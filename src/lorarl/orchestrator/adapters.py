@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -30,6 +31,9 @@ class AdapterWatcher:
         self.version: int | None = None
         self._loaded: set[int] = set()
         self._in_use: Counter[int] = Counter()
+        # Seconds from each loaded version's optimizer step to it being live on every worker, since
+        # the last `take_live_latencies` (versions without an optimizer step are not counted).
+        self._live_s: list[float] = []
 
     def adapter_name(self, version: int) -> str:
         return f"{self.run_name}-step{version}"
@@ -59,11 +63,18 @@ class AdapterWatcher:
         if latest is None or (self.version is not None and latest <= self.version):
             return False
         await self.pool.load_adapter(self.adapter_name(latest), str(self.run.broadcast(latest).resolve()))
+        if (updated_at := self.run.broadcast_updated_at(latest)) is not None:
+            self._live_s.append(time.time() - updated_at)
         self.version = latest
         self._loaded.add(latest)
         log.info("policy version %d loaded as %s", latest, self.adapter_name(latest))
         await self._unload_unused()
         return True
+
+    def take_live_latencies(self) -> list[float]:
+        """The hand-off latencies (see `_live_s`) of the versions loaded since the last call."""
+        taken, self._live_s = self._live_s, []
+        return taken
 
     def acquire(self) -> tuple[int, str]:
         """The newest loaded version and its adapter name, held until `release`."""

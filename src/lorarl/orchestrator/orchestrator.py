@@ -262,6 +262,9 @@ class Orchestrator:
         step_metrics |= batch.metrics() | overlong_metrics(batch.groups, self.ocfg.overlong)
         if self.difficulty is not None:
             step_metrics |= self.difficulty.step_metrics()
+        if live := self.watcher.take_live_latencies():
+            # Trainer's optimizer step -> that version loaded on every worker, the slowest since the last step.
+            step_metrics["perf/adapter_live_s"] = max(live)
         self.metrics.log(self.step, batch_metrics(batch.groups, self.step) | step_metrics)
         versions = sorted({g.version for g in batch.groups})
         zero = sum(g.zero_advantage for g in batch.groups)

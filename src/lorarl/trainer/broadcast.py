@@ -2,20 +2,30 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import peft
 
-from lorarl.run_folder import write_folder_atomically
+from lorarl.run_folder import UPDATED_AT, write_folder_atomically
 from lorarl.trainer.distributed import is_main_process
 from lorarl.trainer.fsdp import gathered_weights
 from lorarl.trainer.model import save_adapter
 
 
-def write_adapter(model: peft.PeftModel, folder: Path) -> None:
+def write_adapter(model: peft.PeftModel, folder: Path, updated_at: float | None = None) -> None:
     """The active adapter's adapter_model.safetensors + adapter_config.json, renamed into place, then
-    STABLE. Call it on every rank: a sharded model gathers its adapter from all of them. Rank 0 alone writes."""
+    STABLE. Call it on every rank: a sharded model gathers its adapter from all of them. Rank 0 alone
+    writes.
+    `updated_at`: when the optimizer step that made these weights ended (time.time()), written beside
+    them so that the orchestrator can tell how long the hand-off to vLLM took (perf/adapter_live_s)."""
     weights = gathered_weights(model)
     if not is_main_process():
         return
-    write_folder_atomically(folder, lambda tmp: save_adapter(model, tmp, weights), stable_marker=True)
+
+    def write(tmp: Path) -> None:
+        save_adapter(model, tmp, weights)
+        if updated_at is not None:
+            (tmp / UPDATED_AT).write_text(json.dumps({"time": updated_at}))
+
+    write_folder_atomically(folder, write, stable_marker=True)

@@ -89,12 +89,14 @@ def train_step(trainer: Trainer[peft.PeftModel], cfg: RLConfig, step: int, metri
         loss = step_stats.pop("loss")
         t_backward = time.perf_counter()
         grad_norm, lr = trainer.optimizer_step()
+        updated_at: float | None = time.time()  # wall clock: the orchestrator compares it with its own
     else:  # nothing to learn from (module docstring), on every rank alike
         step_stats, loss, t_backward = {}, 0.0, time.perf_counter()
         grad_norm, lr = 0.0, trainer.step_without_update()
+        updated_at = None
     t_optim = time.perf_counter()
 
-    write_adapter(model, run.broadcast(step))
+    write_adapter(model, run.broadcast(step), updated_at)
     t_broadcast = time.perf_counter()
     ckpt = cfg.trainer.ckpt
     if ckpt.interval is not None and step % ckpt.interval == 0:

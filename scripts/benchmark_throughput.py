@@ -1,0 +1,346 @@
+"""Throughput of `rl` side by side with its floors and with TRL, in one run, on one workload.
+
+    python scripts/benchmark_throughput.py --steps 5 [--levels 0 1 2] [--skip-trl]
+
+The workload (issue 16): a 24M-parameter Qwen3-shaped model (hidden 512, 8 layers, head_dim 64,
+`lorarl.tiny_model`), reverse_text prompts, 16 prompts x 8 rollouts = 128 completions of up to 32
+tokens per step, LoRA rank 8 on the 7 projections, fp32. It measures
+
+  (a) vLLM generation alone, the adapter loaded: one server as `rl` starts it (`inference`, pinned
+      to its cores on a machine without GPUs), 128 requests per step;
+  (b) the training floor: plain PyTorch + PEFT forward/backward (logits -> log-softmax gather of the
+      sampled tokens -> a simple loss -> backward) and AdamW on the same number of tokens, with the
+      trainer's threads;
+  (c) lorarl `rl` end to end at each max_async_level, on that server (scripts/benchmark_async.py's
+      summary: trainer idle, inference busy);
+  (d) TRL's GRPOTrainer + PEFT (HF generate), needing the `bench` extra: pip install -e '.[bench]'.
+
+and prints seconds per step (steps after the first), completions per second, each one's ratio to
+the sequential floor (a)+(b), idle fractions and the peak memory of each process (resident set).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from benchmark_async import summarize  # noqa: E402  (the rl runs' summary, one owner)
+
+from lorarl.inference.cpu_cores import available_cores  # noqa: E402
+from lorarl.inference.health import wait_until_healthy  # noqa: E402
+from lorarl.orchestrator.envs.reverse_text import SYSTEM_PROMPT, WORDS  # noqa: E402
+from lorarl.tiny_model import save_tiny_model  # noqa: E402
+
+PROMPTS, ROLLOUTS, MAX_TOKENS, SEQ_LEN = 16, 8, 32, 128
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def rl_flags(model: Path, out: Path) -> list[str]:
+    """The workload as `rl` options (every group trains: a random model's groups may all score alike)."""
+    env = json.dumps([{"id": "reverse_text", "args": {"min_words": 1, "max_words": 1}}])
+    return [
+        "--model.name", str(model), "--seq_len", str(SEQ_LEN), "--output_dir", str(out),
+        "--model.lora.rank", "8", "--model.lora.alpha", "32", "--trainer.micro_batch_size", "64",
+        "--orchestrator.batch_size", str(PROMPTS * ROLLOUTS), "--orchestrator.rollouts_per_example", str(ROLLOUTS),
+        "--orchestrator.sampling.max_tokens", str(MAX_TOKENS), "--no-orchestrator.skip_zero_advantage",
+        "--orchestrator.env", env,
+    ]  # fmt: skip
+
+
+def prompts(tokenizer: object, rng: random.Random) -> list[str]:
+    template = tokenizer.apply_chat_template  # type: ignore[attr-defined]
+    return [
+        template([{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": rng.choice(WORDS)}],
+                 tokenize=False, add_generation_prompt=True)
+        for _ in range(PROMPTS)
+    ]  # fmt: skip
+
+
+def peak_rss_gib(pid: int) -> float:
+    """Peak resident set (VmHWM) of a process and its children, from /proc (0 elsewhere)."""
+    total, pids = 0, [pid]
+    while pids:
+        p = pids.pop()
+        try:
+            status = Path(f"/proc/{p}/status").read_text()
+            total += next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM"))
+            for task in Path(f"/proc/{p}/task").iterdir():
+                pids += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, StopIteration):
+            continue
+    return total / 2**20
+
+
+def generation_alone(url: str, model: Path, steps: int) -> dict[str, float]:
+    """(a): 128 completions per step through the server, with a fresh adapter loaded and used."""
+    import peft
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    adapter = model.parent / "bench-adapter"
+    base = AutoModelForCausalLM.from_pretrained(model)
+    peft.get_peft_model(base, peft.LoraConfig(r=8, lora_alpha=32, target_modules=TARGETS)).save_pretrained(adapter)
+    texts = prompts(AutoTokenizer.from_pretrained(model), random.Random(0))
+
+    async def run() -> list[float]:
+        async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+            load = {"lora_name": "bench", "lora_path": str(adapter)}
+            (await client.post("/v1/load_lora_adapter", json=load)).raise_for_status()
+            times = []
+            for _ in range(steps):
+                t = time.perf_counter()
+                # No per-request seed: vLLM 0.32's CPU sampler dies on one ("CPU Generator does not use offset").
+                request = {"model": "bench", "max_tokens": MAX_TOKENS, "temperature": 1.0}
+                await asyncio.gather(*(
+                    client.post("/v1/completions", json={**request, "prompt": p})
+                    for p in texts for _ in range(ROLLOUTS)
+                ))  # fmt: skip
+                times.append(time.perf_counter() - t)
+            # Its slot back for the rl runs' adapters.
+            (await client.post("/v1/unload_lora_adapter", json={"lora_name": "bench"})).raise_for_status()
+            return times
+
+    times = asyncio.run(run())[1:] or [float("nan")]
+    return {"s_per_step": sum(times) / len(times)}
+
+
+def training_floor(model: Path, steps: int, threads: int) -> dict[str, float]:
+    """(b): plain PyTorch + PEFT on 128 samples of a reverse_text prompt + 32 tokens, 64 rows a pass,
+    and, alternating with it on the same samples and threads, lorarl's trainer step (its loss, packing
+    and `forward_backward_step`): "fwd_bwd_s" is the floor's forward/backward, "lorarl_fwd_bwd_s" the
+    trainer's, without vLLM beside it."""
+    import peft
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from lorarl.config.models import LossConfig
+    from lorarl.trainer.batching import TrainSample
+    from lorarl.trainer.packing import ForwardPasses
+    from lorarl.trainer.rl import policy_gradient_loss
+    from lorarl.trainer.skeleton import forward_backward_step
+
+    torch.set_num_threads(threads)
+    tok = AutoTokenizer.from_pretrained(model)
+    base = AutoModelForCausalLM.from_pretrained(model, attn_implementation="sdpa")
+    lora = peft.get_peft_model(base, peft.LoraConfig(r=8, lora_alpha=32, target_modules=TARGETS))
+    optimizer = torch.optim.AdamW([p for p in lora.parameters() if p.requires_grad], lr=1e-4)
+    rng = random.Random(0)
+    texts = prompts(tok, rng)
+    prompt_ids = [tok(t)["input_ids"] for t in texts for _ in range(ROLLOUTS)]
+    samples = [p + [rng.randrange(3, 250) for _ in range(MAX_TOKENS)] for p in prompt_ids]
+    width = max(map(len, samples))
+    ids = torch.tensor([s + [tok.pad_token_id] * (width - len(s)) for s in samples])
+    mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in samples])
+    train_samples = [
+        TrainSample(s, [False] * len(p) + [True] * MAX_TOKENS, [0.0] * len(p) + [-5.0] * MAX_TOKENS, rng.gauss(0, 1))
+        for s, p in zip(samples, prompt_ids, strict=True)
+    ]  # fmt: skip
+    passes = ForwardPasses(packing=True, seq_len=SEQ_LEN, micro_batch_size=64, pad_id=tok.pad_token_id)
+
+    def floor() -> None:
+        for rows in torch.arange(len(samples)).split(64):
+            logits = lora(input_ids=ids[rows], attention_mask=mask[rows], use_cache=False).logits[:, :-1]
+            logp = torch.log_softmax(logits, -1).gather(-1, ids[rows, 1:, None]).squeeze(-1)
+            loss = -(logp * mask[rows, 1:]).sum() / mask[:, 1:].sum()
+            loss.backward()
+
+    def trainer() -> None:
+        tokens = sum(sum(s.loss_mask) for s in train_samples)
+        forward_backward_step(
+            lora, train_samples, policy_gradient_loss(lora, train_samples, LossConfig(), tokens), passes
+        )
+
+    times: dict[str, list[float]] = {"floor": [], "lorarl": [], "step": []}
+    for _ in range(steps):
+        for name, fwd_bwd in (("floor", floor), ("lorarl", trainer)):
+            t = time.perf_counter()
+            fwd_bwd()
+            times[name].append(time.perf_counter() - t)
+            if name == "floor":
+                optimizer.step()
+                times["step"].append(time.perf_counter() - t)
+            optimizer.zero_grad()
+    mean = {k: sum(v[1:] or v) / len(v[1:] or v) for k, v in times.items()}  # the first step warms up
+    return {"s_per_step": mean["step"], "fwd_bwd_s": mean["floor"], "lorarl_fwd_bwd_s": mean["lorarl"]}
+
+
+def trl_grpo(model: Path, steps: int, out: Path) -> dict[str, float]:
+    """(d): TRL's GRPOTrainer + PEFT, HF generate, the same prompts, sampling and reward."""
+    import difflib
+
+    import peft
+    from datasets import Dataset
+    from transformers import AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    tok = AutoTokenizer.from_pretrained(model)
+    rng = random.Random(0)
+    words = [rng.choice(WORDS) for _ in range(PROMPTS * (steps + 1))]
+    data = Dataset.from_list(
+        [{"prompt": [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": w}], "word": w}
+         for w in words]
+    )  # fmt: skip
+
+    def reward(completions: list, word: list[str], **_: object) -> list[float]:
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        return [difflib.SequenceMatcher(None, t.strip(), w[::-1]).ratio() for t, w in zip(texts, word, strict=True)]
+
+    class Clock(TrainerCallback):
+        times: list[float] = []
+
+        def on_step_begin(self, *args: object, **kwargs: object) -> None:
+            self.t = time.perf_counter()
+
+        def on_step_end(self, *args: object, **kwargs: object) -> None:
+            self.times.append(time.perf_counter() - self.t)
+
+    args = GRPOConfig(
+        output_dir=str(out / "trl"), max_steps=steps, per_device_train_batch_size=PROMPTS * ROLLOUTS,
+        num_generations=ROLLOUTS, max_completion_length=MAX_TOKENS, temperature=1.0, learning_rate=1e-4,
+        logging_steps=1, report_to=[], save_strategy="no", use_cpu=True, bf16=False, beta=0.0,
+    )  # fmt: skip
+    clock = Clock()
+    trainer = GRPOTrainer(
+        model=str(model), reward_funcs=reward, args=args, train_dataset=data, processing_class=tok,
+        peft_config=peft.LoraConfig(r=8, lora_alpha=32, target_modules=TARGETS), callbacks=[clock],
+    )  # fmt: skip
+    trainer.train()
+    times = clock.times[1:] or clock.times
+    return {"s_per_step": sum(times) / len(times)}
+
+
+def in_subprocess(part: str, args: argparse.Namespace) -> dict[str, float]:
+    """Run one part in a process of its own, for its own threads and its own peak memory."""
+    cmd = [sys.executable, __file__, "--part", part, "--steps", str(args.steps), "--model", str(args.model),
+           "--out", str(args.out), "--trainer-threads", str(args.trainer_threads)]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    result: dict[str, float] = {}
+    peak = 0.0
+    while proc.poll() is None:
+        peak = max(peak, peak_rss_gib(proc.pid))
+        time.sleep(1)
+    assert proc.stdout is not None
+    lines = proc.stdout.read().strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"part {part} failed (exit {proc.returncode})")
+    result = json.loads(lines[-1])
+    return {**result, "peak_gib": peak}
+
+
+def rl_end_to_end(args: argparse.Namespace, url: str, level: int) -> dict[str, float]:
+    """(c): `rl` at max_async_level `level` on the benchmark's server."""
+    name = f"bench-throughput-{level}"
+    cmd = [sys.executable, "-m", "lorarl.cli.rl", *rl_flags(args.model, args.out), "--inference.urls",
+           json.dumps([url]), "--orchestrator.max_async_level", str(level), "--max_steps", str(args.steps + 1),
+           "--run_name", name, "--overwrite", "--trainer.num_threads", str(args.trainer_threads)]  # fmt: skip
+    proc = subprocess.Popen(cmd)
+    peak = 0.0
+    while proc.poll() is None:
+        peak = max(peak, peak_rss_gib(proc.pid))
+        time.sleep(1)
+    if proc.returncode != 0:
+        raise RuntimeError(f"rl at max_async_level {level} failed (exit {proc.returncode})")
+    r = summarize(args.out / name)
+    rows = [json.loads(line) for line in (args.out / name / "metrics.jsonl").read_text().splitlines()]
+    trainer = [x for x in rows if x["component"] == "trainer"][1:]
+    live = [x["perf/adapter_live_s"] for x in rows if "perf/adapter_live_s" in x]
+    return {
+        "s_per_step": 60 / r["steps_per_min"],
+        "trainer_idle": r["trainer_idle_frac"],
+        "inference_idle": 1 - r["inference_busy_frac"],
+        "fwd_bwd_s": sum(x["time/forward_backward"] for x in trainer) / max(1, len(trainer)),
+        "adapter_live_s": max(live, default=float("nan")),
+        "peak_gib": peak,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=5, help="timed steps of each part (one more is run first)")
+    parser.add_argument("--levels", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--skip-trl", action="store_true")
+    parser.add_argument("--model", type=Path, default=Path("outputs/models/qwen3-24m"))
+    parser.add_argument("--out", type=Path, default=Path("outputs/bench-throughput"))
+    parser.add_argument("--port", type=int, default=8470)
+    cores = len(available_cores())
+    parser.add_argument("--trainer-threads", type=int, default=max(1, cores - 1), help="as rl's default")
+    parser.add_argument("--part", choices=["floor", "trl"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.part is not None:  # one part, in its own process (in_subprocess)
+        if args.part == "floor":
+            print(json.dumps(training_floor(args.model, args.steps + 1, args.trainer_threads)))
+        else:
+            print(json.dumps(trl_grpo(args.model, args.steps + 1, args.out)))
+        return
+    if not (args.model / "config.json").exists():
+        save_tiny_model(args.model, hidden_size=512, num_layers=8, head_dim=64)
+    args.out.mkdir(parents=True, exist_ok=True)
+    results: dict[str, dict[str, float]] = {"(b) PyTorch + PEFT floor": in_subprocess("floor", args)}
+
+    url = f"http://127.0.0.1:{args.port}"
+    server_args = [*rl_flags(args.model, args.out), "--inference.port", str(args.port),
+                   "--orchestrator.max_async_level", str(max(args.levels))]  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
+    with (args.out / "inference.log").open("w") as server_log:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "lorarl.cli.inference", *server_args],
+            stdout=server_log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        )  # fmt: skip
+    try:
+        wait_until_healthy([url], timeout=900, alive=lambda: server.poll() is None)
+        results["(a) vLLM generation alone"] = generation_alone(url, args.model, args.steps + 1)
+        for level in args.levels:
+            results[f"(c) lorarl rl, max_async_level {level}"] = rl_end_to_end(args, url, level)
+        server_peak = peak_rss_gib(server.pid)
+    finally:
+        os.killpg(server.pid, 15)
+        try:
+            server.wait(60)
+        except subprocess.TimeoutExpired:  # vLLM may wait on requests a failed part left in flight
+            os.killpg(server.pid, 9)
+            server.wait()
+    results["(a) vLLM generation alone"]["peak_gib"] = server_peak
+    if not args.skip_trl:
+        try:
+            import trl  # noqa: F401
+        except ImportError:
+            print("TRL is not installed: pip install -e '.[bench]' (or --skip-trl)")
+        else:
+            results["(d) TRL GRPOTrainer + PEFT"] = in_subprocess("trl", args)
+    report(results, args)
+
+
+def report(results: dict[str, dict[str, float]], args: argparse.Namespace) -> None:
+    floor = results["(a) vLLM generation alone"]["s_per_step"] + results["(b) PyTorch + PEFT floor"]["s_per_step"]
+    per_step = PROMPTS * ROLLOUTS
+    b = results["(b) PyTorch + PEFT floor"]
+    ratio = b["lorarl_fwd_bwd_s"] / b["fwd_bwd_s"]
+    print(f"\n{args.steps} timed steps each; sequential floor (a)+(b) = {floor:.1f} s/step, "
+          f"{per_step / floor:.2f} completions/s; trainer threads {args.trainer_threads}; lorarl's trainer "
+          f"fwd/bwd alone on (b)'s tokens: {b['lorarl_fwd_bwd_s']:.1f} s = {ratio:.2f}x "
+          "the floor's")  # fmt: skip
+    head = ["", "s/step", "completions/s", "vs (a)+(b)", "fwd/bwd s", "trainer idle", "inference idle",
+            "adapter live s", "peak GiB"]  # fmt: skip
+    print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
+    for name, r in results.items():
+        s = r["s_per_step"]
+        cells = [name, f"{s:.1f}", f"{per_step / s:.2f}", f"{floor / s:.2f}x" if not name.startswith("(b)") else ""]
+        for key, fmt in (("fwd_bwd_s", "{:.1f}"), ("trainer_idle", "{:.0%}"), ("inference_idle", "{:.0%}"),
+                         ("adapter_live_s", "{:.2f}"), ("peak_gib", "{:.2f}")):  # fmt: skip
+            cells.append(fmt.format(r[key]) if key in r else "")
+        print("| " + " | ".join(cells) + " |")
+    (args.out / "results.json").write_text(json.dumps(results, indent=2))
+    print(f"wrote {args.out / 'results.json'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""Which CPU cores each vLLM worker and the trainer get when `rl` runs them on a machine without GPUs.
+
+Left to themselves they fight over the same cores. vLLM's CPU backend binds a worker's OpenMP
+threads to cores it picks alone (VLLM_CPU_OMP_THREADS_BIND=auto: every worker, and a restarted one,
+takes the same first cores of the NUMA node), and its engine process busy-waits (sched_yield) on
+the worker's replies while it generates, on whatever core the kernel gives it. On 2 cores that spinner
+lands on the trainer's core and halves its forward/backward. So `rl` splits the cores explicitly:
+
+* worker i: `inference.cpu_threads` × tensor_parallel_size cores of its own, the first ones, in
+  order of workers. Its whole process tree (API server, engine, workers) is confined to them
+  (`python -m lorarl.inference.cpu_cores 0|1 -- vllm ...` sets the affinity and execs vLLM), and
+  its OpenMP threads are bound to them, one list per tensor-parallel rank (VLLM_CPU_OMP_THREADS_BIND).
+* the trainer: the cores that are left, with `trainer.num_threads` threads (by default all cores
+  less one per worker); the kernel puts it there, as no worker runs there.
+
+By hand (a server started apart, or another split): `taskset -c 0-3 env VLLM_CPU_OMP_THREADS_BIND=0-3
+vllm serve ...`, and the trainer with `trainer.num_threads`; README "Performance" says more.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from lorarl.config.models import RLConfig
+
+
+def available_cores() -> list[int]:
+    """The cores this process may run on (its affinity, which a container or taskset may narrow)."""
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))  # macOS: no affinity; nothing here is pinned there
+
+
+def worker_cores(cfg: RLConfig, worker: int, cores: list[int] | None = None) -> list[list[int]] | None:
+    """The cores of worker `worker`'s tensor-parallel ranks, one list per rank, taken from `cores`
+    (default: `available_cores`); None with inference.cpu_threads None (no pinning). The workers take
+    the first cores in order and leave the rest to the trainer. Where they need every core (two
+    workers on 2 cores) they spread over all of them and the trainer shares; where they need more,
+    the later ones get the first cores again rather than none, so that a run still starts (slower).
+    A restarted worker gets its predecessor's cores."""
+    inf = cfg.inference
+    if inf.cpu_threads is None:
+        return None
+    cores = available_cores() if cores is None else cores
+    needed = inf.num_workers * inf.tensor_parallel_size * inf.cpu_threads
+    usable = cores[:-1] if len(cores) > needed else cores
+    first = worker * inf.tensor_parallel_size * inf.cpu_threads
+    return [
+        [usable[(first + rank * inf.cpu_threads + k) % len(usable)] for k in range(inf.cpu_threads)]
+        for rank in range(inf.tensor_parallel_size)
+    ]
+
+
+def omp_threads_bind(ranks: list[list[int]]) -> str:
+    """VLLM_CPU_OMP_THREADS_BIND for these per-rank core lists: "0,1|2,3"."""
+    return "|".join(",".join(str(c) for c in rank) for rank in ranks)
+
+
+def pinned(cmd: list[str], ranks: list[list[int]]) -> list[str]:
+    """`cmd` (a vLLM server) run confined to the cores of `ranks`, children included (affinity is
+    inherited), with its OpenMP threads bound to them rank by rank."""
+    return [sys.executable, "-m", "lorarl.inference.cpu_cores", omp_threads_bind(ranks), "--", *cmd]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m lorarl.inference.cpu_cores 0,1|2,3 -- cmd ...`: exec cmd on cores 0 to 3 only, with
+    VLLM_CPU_OMP_THREADS_BIND=0,1|2,3 (unless the environment sets it already: a hand-made binding wins)."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) < 3 or args[1] != "--":
+        raise SystemExit("usage: python -m lorarl.inference.cpu_cores CORES[|CORES...] -- command ...")
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {int(c) for rank in args[0].split("|") for c in rank.split(",")})
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", args[0])
+    os.execvp(args[2], args[2:])
+
+
+if __name__ == "__main__":
+    main()

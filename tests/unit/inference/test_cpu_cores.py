@@ -1,0 +1,57 @@
+import os
+import subprocess
+import sys
+
+import pytest
+
+from lorarl.config.models import RLConfig
+from lorarl.inference.cpu_cores import omp_threads_bind, worker_cores
+from lorarl.inference.server import vllm_command
+
+
+def cfg(**inference) -> RLConfig:
+    return RLConfig.model_validate({"model": {"name": "m"}, "inference": inference})
+
+
+def test_workers_take_the_first_cores_and_leave_the_last_to_the_trainer() -> None:
+    cores = list(range(8))
+    c = cfg(num_workers=2, cpu_threads=3)
+    assert worker_cores(c, 0, cores) == [[0, 1, 2]]
+    assert worker_cores(c, 1, cores) == [[3, 4, 5]]
+    tp = cfg(num_workers=1, cpu_threads=2, tensor_parallel_size=2)
+    assert worker_cores(tp, 0, cores) == [[0, 1], [2, 3]]
+    assert omp_threads_bind(worker_cores(tp, 0, cores) or []) == "0,1|2,3"
+
+
+def test_workers_that_need_every_core_spread_over_all_and_a_restart_gets_the_same_ones() -> None:
+    two = cfg(num_workers=2)
+    assert [worker_cores(two, w, [0, 1]) for w in (0, 1, 1)] == [[[0]], [[1]], [[1]]]
+    three = cfg(num_workers=3)  # more than the machine has: the third wraps around rather than getting none
+    assert [worker_cores(three, w, [0, 1]) for w in (0, 1, 2)] == [[[0]], [[1]], [[0]]]
+    assert worker_cores(cfg(), 0, [5]) == [[5]]  # one core: nothing to split
+
+
+def test_no_pinning_with_cpu_threads_none() -> None:
+    c = cfg(cpu_threads=None)
+    assert worker_cores(c, 0, [0, 1]) is None
+    assert vllm_command(c)[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+
+
+def test_the_cpu_command_is_pinned_and_on_gpus_it_is_not() -> None:
+    cmd = vllm_command(cfg())
+    assert cmd[1:5] == ["-m", "lorarl.inference.cpu_cores", omp_threads_bind(worker_cores(cfg(), 0) or []), "--"]
+    assert cmd[5:8] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+    gpus = RLConfig.model_validate({"model": {"name": "m"}, "dry_run": True, "dry_run_devices": 2})
+    assert vllm_command(gpus)[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this platform")
+def test_the_wrapper_confines_the_command_and_binds_its_threads() -> None:
+    core = min(os.sched_getaffinity(0))
+    probe = "import os; print(sorted(os.sched_getaffinity(0)), os.environ['VLLM_CPU_OMP_THREADS_BIND'])"
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_OMP_THREADS_BIND"}
+    out = subprocess.run(
+        [sys.executable, "-m", "lorarl.inference.cpu_cores", str(core), "--", sys.executable, "-c", probe],
+        capture_output=True, text=True, check=True, env=env,
+    ).stdout  # fmt: skip
+    assert out.split() == [f"[{core}]", str(core)]

@@ -1,0 +1,48 @@
+"""The adapter hand-off latency: the trainer writes when its optimizer step ended beside the adapter
+(`write_adapter`), and `AdapterWatcher` measures from then until the version is loaded on every worker."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from lorarl.config.models import LoraConfig
+from lorarl.orchestrator.adapters import AdapterWatcher
+from lorarl.run_folder import RunFolder
+from lorarl.tiny_model import build_model, build_tokenizer
+from lorarl.trainer.broadcast import write_adapter
+from lorarl.trainer.model import apply_lora
+
+
+class Pool:
+    """Stand-in for the workers: loading takes `load_s` (a real pool awaits every worker)."""
+
+    def __init__(self, load_s: float) -> None:
+        self.load_s, self.loaded = load_s, []
+
+    async def load_adapter(self, name: str, path: str) -> None:
+        await asyncio.sleep(self.load_s)
+        self.loaded.append(name)
+
+    async def unload_adapter(self, name: str) -> None:
+        self.loaded.remove(name)
+
+
+def test_live_latency_runs_from_the_optimizer_step_to_the_load_on_the_workers(tmp_path: Path) -> None:
+    tok = build_tokenizer()
+    model = apply_lora(build_model(len(tok), tok.eos_token_id, tok.pad_token_id, hidden_size=64, num_layers=2),
+                       LoraConfig(rank=4))  # fmt: skip
+    run = RunFolder(tmp_path / "run")
+    write_adapter(model, run.broadcast(0))  # the starting adapter: no optimizer step made it
+    step_end = time.time() - 0.5  # the optimizer step ended half a second before the write
+    write_adapter(model, run.broadcast(1), updated_at=step_end)
+    assert run.broadcast_updated_at(0) is None and run.broadcast_updated_at(1) == step_end
+
+    pool = Pool(load_s=0.2)
+    watcher = AdapterWatcher(pool, run, "exp")  # type: ignore[arg-type]
+    assert asyncio.run(watcher.refresh())
+    [live] = watcher.take_live_latencies()
+    assert pool.loaded == ["exp-step1"]
+    assert 0.5 + 0.2 <= live <= time.time() - step_end  # from the step's end, through the load
+    assert watcher.take_live_latencies() == []  # each version is reported once
