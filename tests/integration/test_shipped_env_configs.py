@@ -44,9 +44,11 @@ def test_configs_of_every_builtin_environment_are_shipped() -> None:
 def test_shipped_config_runs(config: Path, tiny_model: Path, vllm_server: str, tmp_path: Path) -> None:
     import subprocess
 
+    # Two small steps; evals are the recipes' to show (scripts/learning_check.py), tested in test_rl_end_to_end.
     flags = ["--model.name", str(tiny_model), "--inference.urls", f'["{vllm_server}"]', "--inference.api_key", API_KEY,
              "--max_steps", "2", "--output_dir", str(tmp_path), "--run_name", "shipped",
-             "--orchestrator.batch_size", "8"]  # fmt: skip
+             "--orchestrator.batch_size", "8",
+             "--orchestrator.eval", "null"]  # fmt: skip
     result = subprocess.run(rl_command(config, *flags), capture_output=True, text=True, timeout=900, cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = metrics(tmp_path / "shipped")
