@@ -100,9 +100,18 @@ def _parse_flags(cls: type[BaseModel], flags: list[str]) -> dict[str, Any]:
             cli_hide_none_type=True,
             cli_shortcuts={name: name.replace("_", "-") for name in cls.model_fields if "_" in name},
         )
-        return source()
+        return _null_lists(source())
     except SettingsError as e:
         raise ConfigError(f"{_COMMAND_LINE}: {str(e).removeprefix('error parsing CLI: ')}") from None
+
+
+def _null_lists(data: dict[str, Any]) -> dict[str, Any]:
+    """`--trainer.gpu_ids null` unsets a list as `--model.name null` unsets a string: pydantic-settings
+    reads it as the list [None]."""
+    return {
+        key: None if value == [None] else _null_lists(value) if isinstance(value, dict) else value
+        for key, value in data.items()
+    }
 
 
 def _defaults(cls: type[BaseModel]) -> dict[str, Any]:

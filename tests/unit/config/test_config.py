@@ -54,6 +54,14 @@ def test_nested_dotted_overrides() -> None:
     assert load_config(RLConfig, ["--model.name", "m", "--model.lora.use_rslora"]).lora.use_rslora is True
 
 
+def test_null_unsets_a_list_as_it_unsets_a_string(tmp_path: Path) -> None:
+    a = tmp_path / "a.toml"
+    a.write_text('[model]\nname = "m"\n[trainer]\ngpu_ids = [6, 7]\n[inference]\ngpu_ids = [0]\n')
+    cfg = load_config(RLConfig, ["@", str(a), "--trainer.gpu_ids", "null", "--inference.gpu_ids=null"])
+    assert cfg.trainer.gpu_ids is None and cfg.inference.gpu_ids is None
+    assert load_config(RLConfig, ["@", str(a), "--trainer.gpu_ids", "[1]"]).trainer.gpu_ids == [1]
+
+
 @pytest.mark.parametrize("flag", ["--dry-run", "--dry_run"])
 def test_dry_run(flag: str) -> None:
     assert load_config(RLConfig, ["--model.name", "m", flag]).dry_run is True
