@@ -3,12 +3,13 @@ configs of other libraries' environments, their rewards and metrics are logged a
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import API_KEY, REPO
+from tests.conftest import API_KEY, REPO, free_port
 from tests.integration.helpers import metrics, rl_command
 
 pytestmark = pytest.mark.integration
@@ -44,15 +45,22 @@ def test_configs_of_every_builtin_environment_are_shipped() -> None:
 def test_shipped_config_runs(config: Path, tiny_model: Path, vllm_server: str, tmp_path: Path) -> None:
     import subprocess
 
+    # A sweep's adapters (ranks up to 64, several versions of each) need a vLLM sized for them: rl starts
+    # its own; the others share the session's server.
+    sweep = "variants" in tomllib.loads(config.read_text())
+    server = ["--inference.port", str(free_port())] if sweep else ["--inference.urls", f'["{vllm_server}"]']
     # Two small steps; evals are the recipes' to show (scripts/learning_check.py), tested in test_rl_end_to_end.
-    flags = ["--model.name", str(tiny_model), "--inference.urls", f'["{vllm_server}"]', "--inference.api_key", API_KEY,
+    flags = ["--model.name", str(tiny_model), *server, "--inference.api_key", API_KEY,
              "--max_steps", "2", "--output_dir", str(tmp_path), "--run_name", "shipped",
              "--orchestrator.batch_size", "8",
              "--orchestrator.eval", "null"]  # fmt: skip
     result = subprocess.run(rl_command(config, *flags), capture_output=True, text=True, timeout=900, cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = metrics(tmp_path / "shipped")
-    assert sorted(r["step"] for r in rows if r["component"] == "trainer") == [1, 2]
+    trainer = [r for r in rows if r["component"] == "trainer"]
+    for variant in {r.get("variant") for r in trainer}:  # None: a run of one adapter
+        assert sorted(r["step"] for r in trainer if r.get("variant") == variant) == [1, 2], variant
+    assert len(trainer) == 2 * (len(tomllib.loads(config.read_text()).get("variants", [])) or 1)
     assert all(r["reward_errors"] == 0 for r in rows if r["component"] == "orchestrator")
     if check := LOGGED.get(str(config.relative_to(REPO))):
         check(rows)
