@@ -21,10 +21,10 @@ from lorarl.config.models import SamplingConfig
 from lorarl.inference.client import Completion
 from lorarl.inference.pool import WorkerPool
 from lorarl.orchestrator.batch_metrics import batch_metrics
-from lorarl.orchestrator.envs.tool_env import ToolEnvironment
 from lorarl.orchestrator.episodes import EpisodeRunner
 from lorarl.orchestrator.groups import Group
 from tests.conftest import API_KEY
+from tests.unit.orchestrator.test_episodes import Adding as UnitAdding
 
 pytestmark = pytest.mark.integration
 
@@ -35,29 +35,10 @@ TURNS = [
 ]
 
 
-def add(a: int, b: int) -> int:
-    """Add two numbers.
+class Adding(UnitAdding):
+    """The unit tests' tool environment (add and a tool that raises), one turn fewer, another question."""
 
-    Args:
-        a: The first number.
-        b: The second number.
-    """
-    return a + b
-
-
-def explode() -> str:
-    """A tool that always fails."""
-    raise RuntimeError("boom")
-
-
-class Adding(ToolEnvironment):
-    name = "adding"
     max_turns = 3
-    tools = [add, explode]
-
-    def examples(self, rng):
-        while True:
-            yield {}
 
     def prompt(self, example):
         return [{"role": "user", "content": "Add 2 and 3."}]
