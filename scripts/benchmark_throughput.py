@@ -9,14 +9,17 @@ tokens per step, LoRA rank 8 on the 7 projections, fp32. It measures
   (a) vLLM generation alone, the adapter loaded: one server as `rl` starts it (`inference`, pinned
       to its cores on a machine without GPUs), 128 requests per step;
   (b) the training floor: plain PyTorch + PEFT forward/backward (logits -> log-softmax gather of the
-      sampled tokens -> a simple loss -> backward) and AdamW on the same number of tokens, with the
-      trainer's threads;
+      sampled tokens -> a simple loss -> backward) and AdamW on the same number of tokens, one sample
+      per row, with the trainer's threads and with every core (the sequential floor's);
   (c) lorarl `rl` end to end at each max_async_level, on that server (scripts/benchmark_async.py's
       summary: trainer idle, inference busy);
   (d) TRL's GRPOTrainer + PEFT (HF generate), needing the `bench` extra: pip install -e '.[bench]'.
 
 and prints seconds per step (steps after the first), completions per second, each one's ratio to
-the sequential floor (a)+(b), idle fractions and the peak memory of each process (resident set).
+the sequential floor (a)+(b on every core), idle fractions and the peak memory of each process
+(resident set). Beside the floor, on the same samples and threads, it times lorarl's trainer step
+as `rl` runs it (packed rows, each group's prompt shared: `trainer.share_prompts`) and without
+shared prompts.
 """
 
 from __future__ import annotations
@@ -118,7 +121,7 @@ def training_floor(model: Path, steps: int, threads: int) -> dict[str, float]:
     """(b): plain PyTorch + PEFT on 128 samples of a reverse_text prompt + 32 tokens, 64 rows a pass,
     and, alternating with it on the same samples and threads, lorarl's trainer step (its loss, packing
     and `forward_backward_step`): "fwd_bwd_s" is the floor's forward/backward, "lorarl_fwd_bwd_s" the
-    trainer's, without vLLM beside it."""
+    trainer's with shared prompts (rl's default), "unshared_fwd_bwd_s" without, no vLLM beside it."""
     import peft
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -144,7 +147,11 @@ def training_floor(model: Path, steps: int, threads: int) -> dict[str, float]:
         TrainSample(s, [False] * len(p) + [True] * MAX_TOKENS, [0.0] * len(p) + [-5.0] * MAX_TOKENS, rng.gauss(0, 1))
         for s, p in zip(samples, prompt_ids, strict=True)
     ]  # fmt: skip
-    passes = ForwardPasses(packing=True, seq_len=SEQ_LEN, micro_batch_size=64, pad_id=tok.pad_token_id)
+    passes = {
+        share: ForwardPasses(packing=True, seq_len=SEQ_LEN, micro_batch_size=64, pad_id=tok.pad_token_id,
+                             share_prompts=share)
+        for share in (True, False)
+    }  # fmt: skip
 
     def floor() -> None:
         for rows in torch.arange(len(samples)).split(64):
@@ -153,15 +160,16 @@ def training_floor(model: Path, steps: int, threads: int) -> dict[str, float]:
             loss = -(logp * mask[rows, 1:]).sum() / mask[:, 1:].sum()
             loss.backward()
 
-    def trainer() -> None:
+    def trainer(share: bool) -> None:
         tokens = sum(sum(s.loss_mask) for s in train_samples)
-        forward_backward_step(
-            lora, train_samples, policy_gradient_loss(lora, train_samples, LossConfig(), tokens), passes
-        )
+        loss = policy_gradient_loss(lora, train_samples, LossConfig(), tokens)
+        forward_backward_step(lora, train_samples, loss, passes[share])
 
-    times: dict[str, list[float]] = {"floor": [], "lorarl": [], "step": []}
+    times: dict[str, list[float]] = {"floor": [], "lorarl": [], "unshared": [], "step": []}
     for _ in range(steps):
-        for name, fwd_bwd in (("floor", floor), ("lorarl", trainer)):
+        for name, fwd_bwd in (
+            ("floor", floor), ("lorarl", lambda: trainer(True)), ("unshared", lambda: trainer(False))
+        ):  # fmt: skip
             t = time.perf_counter()
             fwd_bwd()
             times[name].append(time.perf_counter() - t)
@@ -170,7 +178,8 @@ def training_floor(model: Path, steps: int, threads: int) -> dict[str, float]:
                 times["step"].append(time.perf_counter() - t)
             optimizer.zero_grad()
     mean = {k: sum(v[1:] or v) / len(v[1:] or v) for k, v in times.items()}  # the first step warms up
-    return {"s_per_step": mean["step"], "fwd_bwd_s": mean["floor"], "lorarl_fwd_bwd_s": mean["lorarl"]}
+    return {"s_per_step": mean["step"], "fwd_bwd_s": mean["floor"], "lorarl_fwd_bwd_s": mean["lorarl"],
+            "unshared_fwd_bwd_s": mean["unshared"], "threads": threads}  # fmt: skip
 
 
 def trl_grpo(model: Path, steps: int, out: Path) -> dict[str, float]:
@@ -218,10 +227,10 @@ def trl_grpo(model: Path, steps: int, out: Path) -> dict[str, float]:
     return {"s_per_step": sum(times) / len(times)}
 
 
-def in_subprocess(part: str, args: argparse.Namespace) -> dict[str, float]:
+def in_subprocess(part: str, args: argparse.Namespace, threads: int) -> dict[str, float]:
     """Run one part in a process of its own, for its own threads and its own peak memory."""
     cmd = [sys.executable, __file__, "--part", part, "--steps", str(args.steps), "--model", str(args.model),
-           "--out", str(args.out), "--trainer-threads", str(args.trainer_threads)]  # fmt: skip
+           "--out", str(args.out), "--trainer-threads", str(threads)]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     result: dict[str, float] = {}
     peak = 0.0
@@ -284,7 +293,12 @@ def main() -> None:
     if not (args.model / "config.json").exists():
         save_tiny_model(args.model, hidden_size=512, num_layers=8, head_dim=64)
     args.out.mkdir(parents=True, exist_ok=True)
-    results: dict[str, dict[str, float]] = {"(b) PyTorch + PEFT floor": in_subprocess("floor", args)}
+    results: dict[str, dict[str, float]] = {
+        f"(b) PyTorch + PEFT floor, {cores} threads": in_subprocess("floor", args, cores),
+        f"(b) PyTorch + PEFT floor, {args.trainer_threads} threads (rl's trainer)": in_subprocess(
+            "floor", args, args.trainer_threads
+        ),
+    }
 
     url = f"http://127.0.0.1:{args.port}"
     server_args = [*rl_flags(args.model, args.out), "--inference.port", str(args.port),
@@ -315,19 +329,21 @@ def main() -> None:
         except ImportError:
             print("TRL is not installed: pip install -e '.[bench]' (or --skip-trl)")
         else:
-            results["(d) TRL GRPOTrainer + PEFT"] = in_subprocess("trl", args)
+            results["(d) TRL GRPOTrainer + PEFT"] = in_subprocess("trl", args, cores)
     report(results, args)
 
 
 def report(results: dict[str, dict[str, float]], args: argparse.Namespace) -> None:
-    floor = results["(a) vLLM generation alone"]["s_per_step"] + results["(b) PyTorch + PEFT floor"]["s_per_step"]
+    all_cores, trainer_threads = (v for k, v in results.items() if k.startswith("(b)"))
+    floor = results["(a) vLLM generation alone"]["s_per_step"] + all_cores["s_per_step"]
     per_step = PROMPTS * ROLLOUTS
-    b = results["(b) PyTorch + PEFT floor"]
-    ratio = b["lorarl_fwd_bwd_s"] / b["fwd_bwd_s"]
-    print(f"\n{args.steps} timed steps each; sequential floor (a)+(b) = {floor:.1f} s/step, "
-          f"{per_step / floor:.2f} completions/s; trainer threads {args.trainer_threads}; lorarl's trainer "
-          f"fwd/bwd alone on (b)'s tokens: {b['lorarl_fwd_bwd_s']:.1f} s = {ratio:.2f}x "
-          "the floor's")  # fmt: skip
+    print(f"\n{args.steps} timed steps each; sequential floor (a)+(b, every core) = {floor:.1f} s/step, "
+          f"{per_step / floor:.2f} completions/s; trainer threads {args.trainer_threads}")  # fmt: skip
+    for b in (all_cores, trainer_threads):
+        print(f"lorarl's trainer fwd/bwd alone on (b)'s tokens, {b['threads']:.0f} threads: "
+              f"{b['lorarl_fwd_bwd_s']:.1f} s = {b['lorarl_fwd_bwd_s'] / b['fwd_bwd_s']:.2f}x the floor's "
+              f"{b['fwd_bwd_s']:.1f} s (without shared prompts {b['unshared_fwd_bwd_s']:.1f} s = "
+              f"{b['unshared_fwd_bwd_s'] / b['fwd_bwd_s']:.2f}x)")  # fmt: skip
     head = ["", "s/step", "completions/s", "vs (a)+(b)", "fwd/bwd s", "trainer idle", "inference idle",
             "adapter live s", "peak GiB"]  # fmt: skip
     print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))

@@ -275,6 +275,12 @@ class TrainerConfig(Section):
     """Put several samples into each row, each with position ids from 0 and attention only within itself,
     as in `sft`: the same loss, gradients and metrics up to float rounding, with less padding (a multi-turn
     sample that overran seq_len gets a row of its own). False: one sample per padded row."""
+    share_prompts: bool = True
+    """With packing, the rollouts of a group that start with the same prompt compute it once per row:
+    the prompt is packed once, and each rollout's completion attends to it and to itself, with the same
+    loss and gradients up to float rounding. A group of n rollouts then costs one prompt and n
+    completions instead of n of each; such rows are up to 2 x seq_len wide, with fewer rows per pass.
+    Only with an attention implementation that takes a mask ("sdpa", "eager"); others pack whole samples."""
     batch_timeout: float = Field(1800.0, gt=0)
     """Seconds the trainer waits for the next rollout batch before giving up (the orchestrator may have died)."""
     keep_rollouts: bool = False

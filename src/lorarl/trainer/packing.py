@@ -15,6 +15,16 @@ lets samples attend to each other. Other implementations (flash attention) get t
 no mask and `use_cache=False`, which is the variable-length path transformers documents for them.
 With a 4D mask, attention still computes the whole row (masked), at a cost that grows with the
 square of the row width; flash attention's variable-length path skips the masked part.
+
+Shared prompts (`share_prompts`, RL's default with a 4D mask): the rollouts of a GRPO group start with
+the same prompt, so a packed row holds it once (`SharedPrompt`): the prompt but its last token, then
+for each rollout its last prompt token and its completion, with position ids continuing the prompt's
+and attention to the shared tokens and its own. The shared tokens carry no loss and their hidden
+states are those each rollout would compute (causal attention), and gradients through them add up
+over the rollouts as they would one row each: the same loss and gradients up to float rounding, for
+a group of n rollouts one prompt and n completions of compute instead of n of each. Repeating the
+last prompt token keeps every target predicted from the token before it in the row, as elsewhere.
+Such a row may be up to `SHARED_ROW_FACTOR` x seq_len wide, with proportionally fewer rows per pass.
 """
 
 from __future__ import annotations
@@ -32,6 +42,35 @@ from lorarl.trainer.batching import MicroBatch, TrainSample, by_temperature, mic
 # Attention implementations that take a custom 4D mask: a boolean one (True = attend) for sdpa,
 # an additive float one for eager.
 _EXPLICIT_MASK = ("sdpa", "eager")
+# How much wider than seq_len a row of shared prompts may grow: attention over a row is quadratic in
+# its width, the rest of the model linear.
+SHARED_ROW_FACTOR = 2
+
+
+def takes_explicit_mask(attn_implementation: str) -> bool:
+    """Whether packed rows get a 4D mask (which shared prompts need), not boundaries from position ids."""
+    return attn_implementation in _EXPLICIT_MASK
+
+
+@dataclass(frozen=True)
+class SharedPrompt:
+    """Samples that start with the same `prefix_len` tokens, none of them a loss token, packed with
+    those tokens once (module docstring)."""
+
+    prefix_len: int
+    samples: tuple[TrainSample, ...]
+
+    @property
+    def length(self) -> int:
+        return self.prefix_len + sum(len(s.input_ids) - self.prefix_len for s in self.samples)
+
+
+Unit = TrainSample | SharedPrompt
+"""What packing places in a row: a sample, or samples with their shared prompt."""
+
+
+def unit_length(unit: Unit) -> int:
+    return unit.length if isinstance(unit, SharedPrompt) else len(unit.input_ids)
 
 
 @dataclass
@@ -46,7 +85,10 @@ class PackedBatch:
 
     input_ids: torch.Tensor  # [R, L]
     position_ids: torch.Tensor  # [R, L], 0 at the start of every sample
-    sequence_ids: torch.Tensor  # [R, L], the sample's number within its row; the padding is one more
+    sequence_ids: torch.Tensor  # [R, L], the segment's number within its row (a sample, or a shared prompt)
+    # [R, L], the segment a token attends to besides its own: the shared prompt of its sample, or
+    # its own segment where there is none.
+    prefix_ids: torch.Tensor
     loss_mask: torch.Tensor  # [R, L-1] bool
     old_logprobs: torch.Tensor  # [R, L-1]
     token_advantages: torch.Tensor  # [R, L-1]
@@ -59,8 +101,8 @@ class PackedBatch:
     def to(self, device: torch.device) -> PackedBatch:
         return PackedBatch(
             self.input_ids.to(device), self.position_ids.to(device), self.sequence_ids.to(device),
-            self.loss_mask.to(device), self.old_logprobs.to(device), self.token_advantages.to(device),
-            self.sample_index.to(device), self.temperature, self.num_samples,
+            self.prefix_ids.to(device), self.loss_mask.to(device), self.old_logprobs.to(device),
+            self.token_advantages.to(device), self.sample_index.to(device), self.temperature, self.num_samples,
         )  # fmt: skip
 
     def forward_inputs(self, model: torch.nn.Module) -> dict[str, Any]:
@@ -80,12 +122,15 @@ class PackedBatch:
     def attention_mask(self, attn_implementation: str, dtype: torch.dtype) -> torch.Tensor | None:
         """The [R, 1, L, L] block-diagonal causal mask the implementation takes, or None where the
         position ids are what marks the boundaries (see the module docstring)."""
-        if attn_implementation not in _EXPLICIT_MASK:
+        if not takes_explicit_mask(attn_implementation):
+            if not torch.equal(self.prefix_ids, self.sequence_ids):
+                raise ValueError(f"shared prompts need an attention mask, which {attn_implementation!r} does not take")
             return None
         length = self.input_ids.shape[1]
         same_sample = self.sequence_ids[:, :, None] == self.sequence_ids[:, None, :]
+        shared = self.prefix_ids[:, :, None] == self.sequence_ids[:, None, :]
         causal = torch.ones(length, length, dtype=torch.bool, device=self.input_ids.device).tril()
-        allowed = (same_sample & causal)[:, None]
+        allowed = ((same_sample | shared) & causal)[:, None]
         if attn_implementation == "sdpa":
             return allowed
         return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
@@ -119,12 +164,14 @@ def pack_rows(lengths: Sequence[int], capacity: int) -> list[list[int]]:
 class ForwardPasses:
     """How a trainer splits samples into forward passes: `micro_batch_size` padded samples per pass,
     or with `packing` as many packed rows of up to `seq_len` tokens (the same bound on tokens per
-    pass). Either way grouped by temperature."""
+    pass), with `share_prompts` each group's prompt once (module docstring). Either way grouped by
+    temperature."""
 
     packing: bool
     seq_len: int
     micro_batch_size: int
     pad_id: int
+    share_prompts: bool = False
 
     def split(self, samples: Sequence[TrainSample]) -> Iterator[MicroBatch | PackedBatch]:
         if not self.packing:
@@ -132,7 +179,7 @@ class ForwardPasses:
         # A multi-turn sample can outgrow seq_len: the episode ends on an environment reply that filled
         # it (no loss tokens there, but still input). Such a sample gets a row of its own.
         capacity = max(self.seq_len, max((len(s.input_ids) for s in samples), default=0))
-        return packed_micro_batches(samples, capacity, self.micro_batch_size, self.pad_id)
+        return packed_micro_batches(samples, capacity, self.micro_batch_size, self.pad_id, self.share_prompts)
 
     def without_loss(self) -> MicroBatch | PackedBatch:
         """A pass without loss tokens, for a rank that has run out of its own (`same_passes`)."""
@@ -140,14 +187,51 @@ class ForwardPasses:
 
 
 def packed_micro_batches(
-    samples: Sequence[TrainSample], capacity: int, rows_per_batch: int, pad_id: int
+    samples: Sequence[TrainSample], capacity: int, rows_per_batch: int, pad_id: int, share_prompts: bool = False
 ) -> Iterator[PackedBatch]:
     """Pack `samples` into rows of at most `capacity` tokens and yield `rows_per_batch` rows at a
-    time, grouped by temperature (a forward pass is scored at one temperature)."""
+    time, grouped by temperature (a forward pass is scored at one temperature). With `share_prompts`,
+    rows of up to `SHARED_ROW_FACTOR` x `capacity` tokens, as many fewer per pass."""
     for temp, group in by_temperature(samples).items():
-        rows = least_padded_rows([len(s.input_ids) for s in group], capacity, rows_per_batch)
-        for i in range(0, len(rows), rows_per_batch):
-            yield collate_packed([[group[j] for j in row] for row in rows[i : i + rows_per_batch]], pad_id, temp)
+        units = shared_prompts(group, SHARED_ROW_FACTOR * capacity) if share_prompts else list(group)
+        lengths = [unit_length(u) for u in units]
+        width = max(capacity, *lengths)
+        per_pass = max(1, rows_per_batch * capacity // width)
+        rows = least_padded_rows(lengths, width, per_pass)
+        for i in range(0, len(rows), per_pass):
+            yield collate_packed([[units[j] for j in row] for row in rows[i : i + per_pass]], pad_id, temp)
+
+
+def shared_prompts(samples: Sequence[TrainSample], max_length: int) -> list[Unit]:
+    """`samples`, those that start with the same prompt gathered into `SharedPrompt`s of at most
+    `max_length` tokens (a group too long for one is split), the others as they are."""
+    by_prefix: dict[tuple[int, ...], list[TrainSample]] = {}
+    units: list[Unit] = []
+    for s in samples:
+        n = shareable_prefix(s)
+        if n > 0:
+            by_prefix.setdefault(tuple(s.input_ids[:n]), []).append(s)
+        else:
+            units.append(s)
+    for prefix, group in by_prefix.items():
+        chunks: list[list[TrainSample]] = [[]]
+        length = len(prefix)
+        for s in group:
+            rest = len(s.input_ids) - len(prefix)
+            if chunks[-1] and length + rest > max_length:
+                chunks.append([])
+                length = len(prefix)
+            chunks[-1].append(s)
+            length += rest
+        units += [c[0] if len(c) == 1 else SharedPrompt(len(prefix), tuple(c)) for c in chunks]
+    return units
+
+
+def shareable_prefix(sample: TrainSample) -> int:
+    """How many of the sample's first tokens a row may share: those before the last one ahead of its
+    first loss token (that one predicts the first loss token, so each sample keeps its own copy)."""
+    first_loss = next((i for i, m in enumerate(sample.loss_mask) if m), 0)
+    return max(0, first_loss - 1)
 
 
 def least_padded_rows(lengths: Sequence[int], capacity: int, rows_per_batch: int) -> list[list[int]]:
@@ -178,46 +262,82 @@ def least_padded_rows(lengths: Sequence[int], capacity: int, rows_per_batch: int
     return best
 
 
-def collate_packed(rows: Sequence[Sequence[TrainSample]], pad_id: int, temperature: float) -> PackedBatch:
-    width = max(sum(len(s.input_ids) for s in row) for row in rows)
+def collate_packed(rows: Sequence[Sequence[Unit]], pad_id: int, temperature: float) -> PackedBatch:
+    """Rows of samples (and shared prompts) as one `PackedBatch`, right-padded to the widest row."""
+    width = max(sum(unit_length(u) for u in row) for row in rows)
     shape = (len(rows), width)
-    ids = torch.full(shape, pad_id, dtype=torch.long)
-    positions = torch.zeros(shape, dtype=torch.long)
-    sequence = torch.zeros(shape, dtype=torch.long)
-    loss_mask = torch.zeros(shape, dtype=torch.bool)
-    old = torch.zeros(shape, dtype=torch.float32)
-    advantages = torch.zeros(shape, dtype=torch.float32)
-    index = torch.zeros(shape, dtype=torch.long)
+    t = _RowTensors(
+        ids=torch.full(shape, pad_id, dtype=torch.long),
+        positions=torch.zeros(shape, dtype=torch.long),
+        sequence=torch.zeros(shape, dtype=torch.long),
+        prefix=torch.zeros(shape, dtype=torch.long),
+        loss_mask=torch.zeros(shape, dtype=torch.bool),
+        old=torch.zeros(shape, dtype=torch.float32),
+        advantages=torch.zeros(shape, dtype=torch.float32),
+        index=torch.zeros(shape, dtype=torch.long),
+    )
     first = 0  # the batch-wide number of the row's first sample
     for r, row in enumerate(rows):
-        start = 0
-        for k, s in enumerate(row):
-            n = len(s.input_ids)
-            span = slice(start, start + n)
-            ids[r, span] = torch.tensor(s.input_ids)
-            positions[r, span] = torch.arange(n)
-            sequence[r, span] = k
-            # A sample's first token is never a target of its own sample.
-            loss_mask[r, span] = torch.tensor([False, *s.loss_mask[1:]])
-            if s.old_logprobs is not None:
-                old[r, span] = torch.tensor(s.old_logprobs)
-            advantages[r, span] = s.advantage
-            index[r, span] = first + k
-            start += n
-        # The padding is a sequence of its own: a query that may attend to nothing makes sdpa return
-        # NaN, which the loss mask would not remove (NaN * 0 is NaN).
-        positions[r, start:] = torch.arange(width - start)
-        sequence[r, start:] = len(row)
-        index[r, start:] = first + len(row) - 1
-        first += len(row)
+        first = t.fill_row(r, row, first)
     return PackedBatch(
-        input_ids=ids,
-        position_ids=positions,
-        sequence_ids=sequence,
-        loss_mask=loss_mask[:, 1:],
-        old_logprobs=old[:, 1:],
-        token_advantages=advantages[:, 1:],
-        sample_index=index[:, 1:],
+        input_ids=t.ids,
+        position_ids=t.positions,
+        sequence_ids=t.sequence,
+        prefix_ids=t.prefix,
+        loss_mask=t.loss_mask[:, 1:],
+        old_logprobs=t.old[:, 1:],
+        token_advantages=t.advantages[:, 1:],
+        sample_index=t.index[:, 1:],
         temperature=temperature,
         num_samples=first,
     )
+
+
+@dataclass
+class _RowTensors:
+    """The per-token tensors of a `PackedBatch` being filled, aligned with the inputs."""
+
+    ids: torch.Tensor
+    positions: torch.Tensor
+    sequence: torch.Tensor
+    prefix: torch.Tensor
+    loss_mask: torch.Tensor
+    old: torch.Tensor
+    advantages: torch.Tensor
+    index: torch.Tensor
+
+    def fill_row(self, r: int, row: Sequence[Unit], first: int) -> int:
+        """Write row `r`'s units, its samples numbered from `first`; returns the next row's `first`."""
+        start, segment, sample = 0, 0, first
+        for unit in row:
+            shared, skip = None, 0
+            samples = unit.samples if isinstance(unit, SharedPrompt) else (unit,)
+            if isinstance(unit, SharedPrompt):  # the shared tokens: no loss, counted with the first sample
+                skip = unit.prefix_len
+                span = slice(start, start + skip)
+                self.ids[r, span] = torch.tensor(samples[0].input_ids[:skip])
+                self.positions[r, span] = torch.arange(skip)
+                self.sequence[r, span] = self.prefix[r, span] = shared = segment
+                self.index[r, span] = sample
+                start, segment = start + skip, segment + 1
+            for s in samples:
+                n = len(s.input_ids) - skip
+                span = slice(start, start + n)
+                self.ids[r, span] = torch.tensor(s.input_ids[skip:])
+                self.positions[r, span] = torch.arange(skip, skip + n)
+                self.sequence[r, span] = segment
+                self.prefix[r, span] = segment if shared is None else shared
+                # A segment's first token is never a target of its own sample.
+                self.loss_mask[r, span] = torch.tensor([False, *s.loss_mask[skip + 1 :]])
+                if s.old_logprobs is not None:
+                    self.old[r, span] = torch.tensor(s.old_logprobs[skip:])
+                self.advantages[r, span] = s.advantage
+                self.index[r, span] = sample
+                start, segment, sample = start + n, segment + 1, sample + 1
+        # The padding is a sequence of its own: a query that may attend to nothing makes sdpa return
+        # NaN, which the loss mask would not remove (NaN * 0 is NaN).
+        width = self.ids.shape[1]
+        self.positions[r, start:] = torch.arange(width - start)
+        self.sequence[r, start:] = self.prefix[r, start:] = segment
+        self.index[r, start:] = sample - 1
+        return sample

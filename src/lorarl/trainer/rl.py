@@ -7,7 +7,8 @@ An empty batch (every group of the step had zero advantage, orchestrator.skip_ze
 changes no weight: no forward pass, no optimizer step; the schedule advances and the same adapter
 is written as version N.
 The forward passes take `micro_batch_size` samples each, one per padded row, or with `packing`
-(the default) `micro_batch_size` rows of up to `seq_len` tokens, several samples to a row.
+(the default) `micro_batch_size` rows of up to `seq_len` tokens, several samples to a row, each
+group's shared prompt once (`trainer.share_prompts`, packing.py).
 Set-up, resume, the data-parallel forward/backward pass and the optimizer step are the skeleton's
 that SFT shares (skeleton.py); this loop adds the rollouts, the policy loss and the broadcasts.
 A sweep ([[variants]]) runs the same step (`train_step`) for each variant's adapter in turn, all on

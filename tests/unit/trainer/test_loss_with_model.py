@@ -222,6 +222,54 @@ def test_packed_rows_give_the_loss_gradients_and_stats_of_padded_rows(loss: dict
         torch.testing.assert_close(packed_grads[name], g, rtol=1e-4, atol=1e-6, msg=name)
 
 
+def grouped_samples(model: torch.nn.Module) -> list[TrainSample]:
+    """Three groups of 4 rollouts that share their prompt, completions of 3 to 12 tokens at two
+    temperatures (one rollout with an environment reply in its middle), sampler logprobs as in
+    `varied_samples`."""
+    rng = random.Random(1)
+    samples = []
+    for g in range(3):
+        prompt = [rng.randrange(3, 250) for _ in range(rng.randint(4, 10))]
+        for i in range(4):
+            n = rng.randint(3, 12)
+            mask = [False] * len(prompt) + [True] * n
+            if i == 1:
+                mask[len(prompt) + 1 : len(prompt) + 3] = [False, False]
+            samples.append(TrainSample(prompt + [rng.randrange(3, 250) for _ in range(n)], mask, [0.0] * len(mask),
+                                       advantage=rng.uniform(-1, 1), temperature=(0.7, 1.2)[g % 2]))  # fmt: skip
+    with torch.no_grad():
+        for s in samples:
+            policy = token_logprobs(model, next(micro_batches([s], size=1, pad_id=0)))[0].tolist()
+            s.old_logprobs = [0.0, *(p + rng.gauss(0, 0.25) for p in policy)]
+    return samples
+
+
+@pytest.mark.parametrize("loss", VARIANTS, ids=lambda v: "-".join(str(x) for x in v.values()))
+def test_shared_prompts_give_the_loss_gradients_and_stats_of_padded_rows(loss: dict) -> None:
+    model = trained_adapter(tiny_qwen3())
+    samples = grouped_samples(model)
+
+    def config(packing: bool) -> RLConfig:
+        return RLConfig(model={"name": "tiny"}, seq_len=SEQ_LEN, trainer={"micro_batch_size": 2, "packing": packing,
+                        "loss": loss | {"norm_constant": 200.0 if loss["norm"] == "constant" else None}})  # fmt: skip
+
+    passes = forward_passes(config(True), pad_id=0)
+    assert passes.share_prompts
+    shared = list(passes.split(samples))
+    assert all(isinstance(b, PackedBatch) and not torch.equal(b.prefix_ids, b.sequence_ids) for b in shared)
+    assert sum(b.input_ids.numel() for b in shared) < sum(len(s.input_ids) for s in samples)
+
+    padded_stats, padded_grads = step_loss_stats_and_grads(model, samples, config(False))
+    shared_stats, shared_grads = step_loss_stats_and_grads(model, samples, config(True))
+    assert shared_stats.keys() == padded_stats.keys()
+    for key, value in padded_stats.items():
+        assert shared_stats[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
+    assert shared_grads.keys() == padded_grads.keys() and len(shared_grads) == 2 * 2 * 7
+    for name, g in padded_grads.items():
+        assert g.abs().sum() > 0, name
+        torch.testing.assert_close(shared_grads[name], g, rtol=1e-4, atol=1e-6, msg=name)
+
+
 def rollouts_for(step: int) -> list[Rollout]:
     return [
         Rollout(

@@ -8,10 +8,12 @@ from lorarl.trainer.batching import MicroBatch, TrainSample, micro_batches
 from lorarl.trainer.loss import token_logprobs
 from lorarl.trainer.packing import (
     PackedBatch,
+    SharedPrompt,
     collate_packed,
     least_padded_rows,
     pack_rows,
     packed_micro_batches,
+    shared_prompts,
 )
 
 
@@ -125,3 +127,98 @@ def test_packed_loss_and_gradients_equal_unpacked(attn: str) -> None:
     assert packed_loss == pytest.approx(loss, rel=1e-6)
     for g_packed, g in zip(packed_grads, grads, strict=True):
         torch.testing.assert_close(g_packed, g, rtol=1e-4, atol=1e-6)
+
+
+def test_a_shared_prompt_is_packed_once_and_each_sample_attends_to_it() -> None:
+    # Prompt [1, 2, 3] (3 predicts each completion's first token), completions [4, 5] and [6].
+    a = TrainSample([1, 2, 3, 4, 5], [False, False, False, True, True], [0, 0, 0, -0.4, -0.5], advantage=1.0)
+    b = TrainSample([1, 2, 3, 6], [False, False, False, True], [0, 0, 0, -0.6], advantage=-2.0)
+    c = TrainSample([7, 8], [False, True], [0.0, -0.8], advantage=0.5)
+    (unit,) = shared_prompts([a, b], max_length=64)
+    assert isinstance(unit, SharedPrompt) and unit.prefix_len == 2 and unit.length == 2 + 3 + 2
+    batch = collate_packed([[unit, c]], pad_id=0, temperature=1.0)
+    assert batch.input_ids.tolist() == [[1, 2, 3, 4, 5, 3, 6, 7, 8]]
+    assert batch.position_ids.tolist() == [[0, 1, 2, 3, 4, 2, 3, 0, 1]]
+    assert batch.sequence_ids.tolist() == [[0, 0, 1, 1, 1, 2, 2, 3, 3]]
+    assert batch.prefix_ids.tolist() == [[0, 0, 0, 0, 0, 0, 0, 3, 3]]
+    # Targets: a's 4 and 5 predicted from a's 3 and 4, b's 6 from b's own copy of 3, c's 8 from 7.
+    assert batch.loss_mask.tolist() == [[False, False, True, True, False, True, False, True]]
+    assert batch.token_advantages.tolist() == [[0.0, 1.0, 1.0, 1.0, -2.0, -2.0, 0.5, 0.5]]
+    assert batch.sample_index.tolist() == [[0, 0, 0, 0, 1, 1, 2, 2]]
+    assert torch.allclose(batch.old_logprobs, torch.tensor([[0, 0, -0.4, -0.5, 0, -0.6, 0, -0.8]]))
+    assert batch.num_samples == 3
+    mask = batch.attention_mask("sdpa", torch.float32)
+    assert mask is not None
+    assert mask[0, 0].int().tolist() == [
+        [1, 0, 0, 0, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0, 0, 0, 0],
+        [1, 1, 1, 0, 0, 0, 0, 0, 0],
+        [1, 1, 1, 1, 0, 0, 0, 0, 0],
+        [1, 1, 1, 1, 1, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 1, 0, 0, 0],  # b sees the shared prompt and itself, nothing of a
+        [1, 1, 0, 0, 0, 1, 1, 0, 0],
+        [0, 0, 0, 0, 0, 0, 0, 1, 0],
+        [0, 0, 0, 0, 0, 0, 0, 1, 1],
+    ]
+    with pytest.raises(ValueError, match="shared prompts need an attention mask"):
+        batch.attention_mask("flash_attention_2", torch.float32)
+
+
+def test_only_samples_with_the_same_prompt_share_it_and_long_groups_are_split() -> None:
+    def sample(prompt: list[int], completion: int) -> TrainSample:
+        return TrainSample(prompt + [9] * completion, [False] * len(prompt) + [True] * completion)
+
+    group = [sample([1, 2, 3, 4], 6) for _ in range(5)]  # a shared prompt of 3, and 7 tokens each
+    other = sample([1, 2, 5, 4], 6)  # another prompt
+    alone = sample([1, 2, 6, 4], 6)
+    no_loss = TrainSample([1, 2, 3, 4], [False] * 4)
+    units = shared_prompts([*group, other, alone, no_loss, sample([1, 2, 5, 4], 2)], max_length=3 + 2 * 7)
+    shared = [u for u in units if isinstance(u, SharedPrompt)]
+    # 5 of one prompt in rows of at most 2: 2 + 2 + 1 (the last one packed whole).
+    assert [len(u.samples) for u in shared] == [2, 2, 2]
+    assert sum(u is s for u in units for s in group) == 1
+    assert alone in units and no_loss in units
+    assert sorted(len(u.samples) if isinstance(u, SharedPrompt) else 1 for u in units) == [1, 1, 1, 2, 2, 2]
+
+
+def grouped_samples(vocab: int, seed: int) -> list[TrainSample]:
+    """Four groups of 3 to 5 rollouts that share their prompt, with multi-turn loss masks."""
+    rng = random.Random(seed)
+    samples = []
+    for _ in range(4):
+        prompt = [rng.randrange(3, vocab) for _ in range(rng.randint(3, 12))]
+        for _ in range(rng.randint(3, 5)):
+            length = rng.randint(2, 15)
+            samples.append(
+                TrainSample(
+                    input_ids=prompt + [rng.randrange(3, vocab) for _ in range(length)],
+                    loss_mask=[False] * len(prompt) + [True] + [rng.random() < 0.7 for _ in range(length - 1)],
+                    old_logprobs=[0.0] * len(prompt) + [-rng.random() for _ in range(length)],
+                    advantage=rng.uniform(-1, 1),
+                    temperature=0.7,
+                )
+            )
+    return samples
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_shared_prompts_give_the_loss_and_gradients_of_unpacked_rows_in_fewer_tokens(attn: str) -> None:
+    tok = build_tokenizer()
+    model = build_model(len(tok), tok.eos_token_id, tok.pad_token_id, hidden_size=64, num_layers=2)
+    model.set_attn_implementation(attn)
+    samples = grouped_samples(len(tok), seed=1) + random_samples(3, len(tok), seed=2)
+
+    shared = list(packed_micro_batches(samples, capacity=32, rows_per_batch=2, pad_id=0, share_prompts=True))
+    plain = list(packed_micro_batches(samples, capacity=32, rows_per_batch=2, pad_id=0))
+    assert sum(b.num_samples for b in shared) == len(samples)
+    assert any(not torch.equal(b.prefix_ids, b.sequence_ids) for b in shared)
+    # The same bound on tokens per pass; fewer tokens in all.
+    assert all(b.input_ids.numel() <= 2 * 32 for b in shared)
+    assert sum(b.input_ids.numel() for b in shared) < 0.8 * sum(b.input_ids.numel() for b in plain)
+
+    loss_tokens = sum(sum(s.loss_mask[1:]) for s in samples)
+    shared_loss, shared_grads = loss_and_grads(model, shared, loss_tokens)
+    loss, grads = loss_and_grads(model, list(micro_batches(samples, size=4, pad_id=0)), loss_tokens)
+    assert shared_loss == pytest.approx(loss, rel=1e-5)
+    for g_shared, g in zip(shared_grads, grads, strict=True):
+        torch.testing.assert_close(g_shared, g, rtol=1e-4, atol=1e-6)
