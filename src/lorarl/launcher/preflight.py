@@ -166,6 +166,9 @@ def check_ports(host: str, port: int, count: int) -> None:
         raise PreflightError(f"inference.port: {port} + {count} workers leaves the range 1..65535")
     for p in range(port, port + count):
         with socket.socket() as s:
+            # As vLLM's server binds: the connections of a server that just stopped (TIME_WAIT) do not
+            # keep the port from it, only a socket bound there now does.
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 s.bind((host, p))
             except OSError as e:
