@@ -23,3 +23,13 @@ async def play_turns(env: Environment, example: dict, answers: list[str]) -> Epi
             break
         episode.messages += reply
     return episode
+
+
+def play_and_score(env: Environment, example: dict, answers: list[str]) -> tuple[Episode, dict[str, float]]:
+    """`play_turns`, then the episode's scores, on one event loop as the orchestrator does."""
+
+    async def both() -> tuple[Episode, dict[str, float]]:
+        episode = await play_turns(env, example, answers)
+        return episode, await env.score(episode)
+
+    return asyncio.run(both())

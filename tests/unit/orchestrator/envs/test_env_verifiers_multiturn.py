@@ -10,12 +10,12 @@ import verifiers.v1 as vf
 
 from lorarl.config.models import SamplingConfig
 from lorarl.orchestrator.envs import check_environment, load_environment
-from lorarl.orchestrator.envs.base import Environment, Episode, Example
+from lorarl.orchestrator.envs.base import Environment, Example
 from lorarl.orchestrator.envs.verifiers_env import VerifiersTaskset, check_playable
 from lorarl.orchestrator.episodes import EpisodeRunner
 from lorarl.tiny_model import build_tokenizer
 from tests.conftest import REPO
-from tests.unit.orchestrator.envs.env_play import play_turns
+from tests.unit.orchestrator.envs.env_play import play_and_score
 from tests.unit.orchestrator.test_episodes import ScriptedPool
 
 GUESS = "verifiers:examples.verifiers_env.guess_number"
@@ -24,14 +24,6 @@ GUESS = "verifiers:examples.verifiers_env.guess_number"
 @pytest.fixture(autouse=True)
 def repo_importable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(REPO))  # examples/ resolves from the repo root, as under `rl`
-
-
-def play_and_score(env: Environment, example: Example, answers: list[str]) -> tuple[Episode, dict[str, float]]:
-    async def both() -> tuple[Episode, dict[str, float]]:
-        episode = await play_turns(env, example, answers)
-        return episode, await env.score(episode)
-
-    return asyncio.run(both())
 
 
 def guess_example() -> tuple[Environment, Example, int]:
@@ -45,7 +37,11 @@ def test_the_envs_run_answers_each_guess_until_it_ends_the_exchange() -> None:
     assert env.max_turns == 4  # its seat's max_turns
     low, high = secret - 1, secret + 1
     episode, scores = play_and_score(env, example, [str(low), f"maybe {high}", "no idea", str(secret), "9"])
-    assert [m["content"] for m in episode.messages if m["role"] == "user"][1:] == ["Higher.", "Lower.", "Reply with a number."]
+    assert [m["content"] for m in episode.messages if m["role"] == "user"][1:] == [
+        "Higher.",
+        "Lower.",
+        "Reply with a number.",
+    ]
     assert episode.turns[-1] == str(secret)  # found: run returned, the episode ended
     assert scores == {
         "solved": 1.0, "closeness": 1.0, "guesses": 4.0, "hints": 3.0, "reward": 1.5, "reward_errors": 0

@@ -13,12 +13,12 @@ from mcp.server.mcpserver import MCPServer
 from examples.verifiers_env.price_lookup import PRICES, Shop
 from lorarl.config.models import SamplingConfig
 from lorarl.orchestrator.envs import load_environment
-from lorarl.orchestrator.envs.base import Environment, Episode, Example
+from lorarl.orchestrator.envs.base import Example
 from lorarl.orchestrator.envs.verifiers_env import VerifiersTaskset, check_playable, vf_messages
 from lorarl.orchestrator.episodes import EpisodeRunner
 from lorarl.tiny_model import build_tokenizer
 from tests.conftest import REPO
-from tests.unit.orchestrator.envs.env_play import play_turns
+from tests.unit.orchestrator.envs.env_play import play_and_score
 from tests.unit.orchestrator.test_episodes import ScriptedPool
 
 PRICE_LOOKUP = "verifiers:examples.verifiers_env.price_lookup"
@@ -35,14 +35,6 @@ def call(name: str, arguments: str) -> str:
 
 def lookups(example: Example) -> str:
     return "".join(call("shop_price", f'{{"item": "{item}"}}') for item in example["task"]["basket"])
-
-
-def play_and_score(env: Environment, example: Example, answers: list[str]) -> tuple[Episode, dict[str, float]]:
-    async def both() -> tuple[Episode, dict[str, float]]:
-        episode = await play_turns(env, example, answers)
-        return episode, await env.score(episode)
-
-    return asyncio.run(both())
 
 
 def test_the_tools_are_shown_as_verifiers_mcp_server_lists_them() -> None:
