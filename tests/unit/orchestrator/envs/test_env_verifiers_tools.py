@@ -18,7 +18,7 @@ from lorarl.orchestrator.envs.verifiers_env import VerifiersTaskset, check_playa
 from lorarl.orchestrator.episodes import EpisodeRunner
 from lorarl.tiny_model import build_tokenizer
 from tests.conftest import REPO
-from tests.unit.orchestrator.envs.env_play import play_and_score
+from tests.unit.orchestrator.envs.env_play import play_and_score, play_turns
 from tests.unit.orchestrator.test_episodes import ScriptedPool
 
 PRICE_LOOKUP = "verifiers:examples.verifiers_env.price_lookup"
@@ -184,3 +184,40 @@ def test_tool_servers_that_run_elsewhere_are_refused_in_one_line(config: vf.Tool
     with pytest.raises(ValueError) as error:
         check_playable(remote_taskset(config), vf.TasksetConfig(), None)
     assert str(error.value) == f"Remotes: its tool server Remote runs in {where}; lorarl runs tool servers in-process"
+
+
+class Counter(vf.Toolset[vf.SharedToolsetConfig]):
+    TOOL_PREFIX = None  # listed bare: `count`
+    setups = 0
+
+    async def setup(self) -> None:
+        Counter.setups += 1
+        self.calls = 0
+
+    @vf.tool
+    def count(self) -> int:
+        """How many calls so far, this one included, across every rollout."""
+        self.calls += 1
+        return self.calls
+
+
+class Counted(vf.Taskset[vf.Task[Data]]):
+    @classmethod
+    def toolsets(cls, config):
+        return [Counter(vf.SharedToolsetConfig())]
+
+    def load(self):
+        yield vf.Task(Data(prompt="Count."))
+
+
+def test_a_tasksets_tools_are_set_up_once_and_shared_by_its_episodes() -> None:
+    Counter.setups = 0
+    env = VerifiersTaskset(Counted(vf.TasksetConfig()), "counted")
+    assert [s["function"]["name"] for s in env.tool_schemas()] == ["count"]
+    example = next(env.examples(random.Random(0)))
+
+    async def two_episodes() -> list[str]:
+        episodes = await asyncio.gather(*(play_turns(env, example, [call("count", "{}"), "4"]) for _ in range(2)))
+        return sorted(m["content"] for e in episodes for m in e.messages if m["role"] == "tool")
+
+    assert asyncio.run(two_episodes()) == ["1", "2"] and Counter.setups == 1
