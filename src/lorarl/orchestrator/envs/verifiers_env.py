@@ -194,7 +194,7 @@ class VerifiersTaskset(Environment):
     """A verifiers taskset (with its tools and `Env`, if any); an example is {"task": its data as JSON}."""
 
     def __init__(
-        self, taskset: vf.Taskset[Any, Any], name: str, env: type[vf.Env[Any]] | None = None,
+        self, taskset: vf.Taskset[Any, Any], name: str, env_type: type[vf.Env[Any]] | None = None,
         max_turns: int | None = None,
     ) -> None:  # fmt: skip
         self.name, self.taskset = name, taskset
@@ -202,14 +202,14 @@ class VerifiersTaskset(Environment):
         self.data_type = self.task_type.data_type()
         self.rewards = []  # the task scores itself: see `score`
         self._tasks: list[Example] | None = None
-        self.env = make_env(env, taskset) if env is not None else None
-        self.seat = seats(env)[0] if env is not None else "agent"
+        self.vf_env = make_env(env_type, taskset) if env_type is not None else None  # answers turns
+        self.seat = seats(env_type)[0] if env_type is not None else "agent"
         self.shared_toolsets = verifiers_tools.SharedToolsets(type(taskset).toolsets(taskset.config))
         rollout_toolsets = self.task_type.toolsets(taskset.config.task)
         # The schemas the template shows (and a check of the names); each episode binds its own tools.
         self.schemas = verifiers_tools.toolbox([*self.shared_toolsets.toolsets, *rollout_toolsets], vf.State()).schemas
-        if self.env is not None or self.schemas:
-            seat_turns = getattr(env_config(env), self.seat).max_turns if env is not None else None
+        if env_type is not None or self.schemas:
+            seat_turns = getattr(env_config(env_type), self.seat).max_turns if env_type is not None else None
             self.max_turns = max_turns or seat_turns or DEFAULT_MAX_TURNS
 
     def examples(self, rng: random.Random) -> Iterator[Example]:
@@ -245,6 +245,8 @@ class VerifiersTaskset(Environment):
         return self.schemas or None
 
     def solution(self, example: Example) -> str:
+        if self.max_turns > 1:  # one answer is not an episode of tool calls or of the env's turns
+            raise NotImplementedError(f"{self.name}: a tool or multi-turn task has no reference episodes")
         answer = example["task"].get("answer")
         if not isinstance(answer, str):
             raise NotImplementedError(f"{self.name}: its tasks have no string `answer` field")
@@ -300,7 +302,7 @@ class Play:
         self.rollout_toolsets: list[vf.Toolset[Any, Any]] = []
         self.toolbox: Toolbox | None = None
         self.exchange = (
-            Exchange(env.env, self.task, self.trace, env.seat, self.score_task) if env.env is not None else None
+            Exchange(env.vf_env, self.task, self.trace, env.seat, self.score_task) if env.vf_env is not None else None
         )
 
     def sync(self, messages: list[Message]) -> None:

@@ -49,6 +49,8 @@ def test_the_tools_are_shown_as_verifiers_mcp_server_lists_them() -> None:
         }
     ]
     assert env.max_turns == 8  # tools: several model turns (args.max_turns sets them)
+    with pytest.raises(NotImplementedError, match="price_lookup: a tool or multi-turn task has no reference episodes"):
+        env.solution(next(env.examples(random.Random(0))))  # its `answer` alone is no episode to learn from
     assert load_environment(PRICE_LOOKUP, {"max_turns": 3}).max_turns == 3
 
 
