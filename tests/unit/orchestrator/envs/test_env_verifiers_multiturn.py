@@ -12,6 +12,7 @@ from lorarl.config.models import SamplingConfig
 from lorarl.orchestrator.envs import check_environment, load_environment
 from lorarl.orchestrator.envs.base import Environment, Example
 from lorarl.orchestrator.envs.verifiers_env import VerifiersTaskset, check_playable
+from lorarl.orchestrator.envs.verifiers_protocol import user_messages
 from lorarl.orchestrator.episodes import EpisodeRunner
 from lorarl.tiny_model import build_tokenizer
 from tests.conftest import REPO
@@ -161,3 +162,9 @@ def test_an_env_of_two_agents_is_refused_in_one_line() -> None:
         check_playable(Sums, vf.TasksetConfig(), Simulated)
     check_playable(Sums, vf.TasksetConfig(), Nagging)
     check_environment(GUESS, {"max_turns": 2})
+
+
+def test_a_user_turn_may_be_text_typed_or_wire_messages() -> None:
+    assert user_messages("Higher.") == [{"role": "user", "content": "Higher."}]
+    typed, wire = vf.UserMessage(content="a"), {"role": "user", "content": [{"type": "text", "text": "b"}]}
+    assert user_messages([typed, wire]) == [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
