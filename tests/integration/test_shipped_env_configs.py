@@ -14,23 +14,55 @@ from tests.integration.helpers import metrics, rl_command
 
 pytestmark = pytest.mark.integration
 
-CONFIGS = sorted(REPO.glob("configs/*/rl.toml")) + sorted(REPO.glob("examples/*/rl.toml"))
+# rl.toml of each folder; configs/verifiers/ has one for each kind of verifiers taskset.
+CONFIGS = sorted(p for p in REPO.glob("configs/*/*.toml") if not p.stem.startswith("sft")) + sorted(
+    REPO.glob("examples/*/rl.toml")
+)
 
 
 def check_verifiers_rewards(rows: list[dict[str, Any]]) -> None:
     """examples/verifiers_env/reverse_words.py: each reward and metric of the task is logged under
     env/<taskset>/<name>, the reward being their weighted sum (exact + 0.5 * similarity)."""
-    batches = [r for r in rows if r["component"] == "orchestrator" and "env/reverse_words/exact" in r]
-    assert len(batches) == 2
-    for r in batches:
+    for r in orchestrator_rows(rows, "env/reverse_words/exact"):
         assert 0.0 <= r["env/reverse_words/exact"] <= r["env/reverse_words/similarity"] <= 1.0
         assert r["env/reverse_words/reply_chars"] >= 0.0  # a metric: logged, not rewarded
         weighted = r["env/reverse_words/exact"] + 0.5 * r["env/reverse_words/similarity"]
         assert r["env/reverse_words/reward"] == pytest.approx(weighted)
 
 
+def orchestrator_rows(rows: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
+    batches = [r for r in rows if r["component"] == "orchestrator" and key in r]
+    assert len(batches) == 2
+    return batches
+
+
+def check_verifiers_tool_rewards(rows: list[dict[str, Any]]) -> None:
+    """examples/verifiers_env/price_lookup.py: the task's reward and metrics (one reading the state its
+    in-process tool wrote) are logged beside lorarl's tool call counts."""
+    for r in orchestrator_rows(rows, "env/price_lookup/correct"):
+        assert r["env/price_lookup/reward"] == r["env/price_lookup/correct"]  # its one reward, weight 1
+        assert 0.0 <= r["env/price_lookup/looked_up_all"] <= 1.0
+        # One result per call, but for the calls of a last turn whose results no longer fit in seq_len.
+        assert r["env/price_lookup/lookups"] <= r["env/price_lookup/tool_calls"]
+        assert r["env/price_lookup/tool_malformed"] <= r["env/price_lookup/tool_calls"]
+
+
+def check_verifiers_multi_turn_rewards(rows: list[dict[str, Any]]) -> None:
+    """examples/verifiers_env/guess_number.py: its env answered turn by turn (hints, at most one a guess),
+    and the reward is the task's weighted rewards (solved + 0.5 * closeness)."""
+    for r in orchestrator_rows(rows, "env/guess_number/solved"):
+        assert 1.0 <= r["env/guess_number/guesses"] <= 4.0  # the env's seat: 4 turns at most
+        assert r["env/guess_number/hints"] <= r["env/guess_number/guesses"]
+        weighted = r["env/guess_number/solved"] + 0.5 * r["env/guess_number/closeness"]
+        assert r["env/guess_number/reward"] == pytest.approx(weighted)
+
+
 # Config -> what else its run must have logged.
-LOGGED = {"configs/verifiers/rl.toml": check_verifiers_rewards}
+LOGGED = {
+    "configs/verifiers/rl.toml": check_verifiers_rewards,
+    "configs/verifiers/tools.toml": check_verifiers_tool_rewards,
+    "configs/verifiers/multi_turn.toml": check_verifiers_multi_turn_rewards,
+}
 
 
 def test_configs_of_every_builtin_environment_are_shipped() -> None:

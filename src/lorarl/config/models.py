@@ -399,8 +399,8 @@ class EnvConfig(Section):
     id: str = "reverse_text"
     """A built-in environment ("reverse_text", "alphabet_sort", "unscramble", "math", "search", "calculator"),
     a reasoning-gym task ("reasoning_gym:<task>", or "reasoning_gym" with args.tasks), a verifiers taskset
-    ("verifiers:<taskset package or module>", args: its config) or "package.module:factory", a callable that
-    returns an Environment."""
+    ("verifiers:<taskset package or module>", args: its config, and max_turns) or "package.module:factory", a
+    callable that returns an Environment."""
     weight: float = Field(1.0, gt=0)
     """Relative probability that a group plays this environment, against the other environments' weights."""
     args: dict[str, Any] = {}

@@ -99,10 +99,11 @@ class Toolbox:
 
     tools: list[ToolFunc]
     timeout: float = 10.0  # seconds per call
-    schemas: list[dict[str, Any]] = field(init=False)
+    # One per tool, in order; empty: read from the functions' type hints and docstrings (tool_schema).
+    schemas: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.schemas = [tool_schema(f) for f in self.tools]
+        self.schemas = self.schemas or [tool_schema(f) for f in self.tools]
         self.by_name = {s["function"]["name"]: f for s, f in zip(self.schemas, self.tools, strict=True)}
         if len(self.by_name) != len(self.tools):
             raise ValueError(f"two tools share a name: {[s['function']['name'] for s in self.schemas]}")

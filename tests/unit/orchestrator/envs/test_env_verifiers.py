@@ -1,6 +1,7 @@
 """verifiers tasksets as environments: the taskset's rows become seeded examples and chat prompts, the
 task's own weighted rewards and metrics score the episode (as a verifiers Trace whose model turn is
-the sampled one), and `check_environment` refuses what lorarl cannot play in one line."""
+the sampled one), and `check_environment` refuses what lorarl cannot play in one line. Tool and
+multi-turn tasksets: test_env_verifiers_tools.py, test_env_verifiers_multiturn.py."""
 
 import asyncio
 import random
@@ -13,7 +14,7 @@ import verifiers.v1 as vf
 
 from lorarl.orchestrator.envs import check_environment, load_environment
 from lorarl.orchestrator.envs.base import Environment, Episode, Example
-from lorarl.orchestrator.envs.verifiers_env import VerifiersTaskset, check_single_turn
+from lorarl.orchestrator.envs.verifiers_env import VerifiersTaskset, check_playable
 from tests.conftest import REPO
 
 REVERSE = "verifiers:examples.verifiers_env.reverse_words"
@@ -115,12 +116,43 @@ class Tooled(vf.Taskset[Shaky]):
         yield from ()
 
 
-def test_what_lorarl_cannot_play_single_turn_is_refused() -> None:
-    with pytest.raises(ValueError, match="Tooled needs tool servers; lorarl plays single-turn verifiers tasks only"):
-        check_single_turn(Tooled, vf.TasksetConfig())
+class Boxed(vf.Task[Data]):
+    NEEDS_CONTAINER = True
+
+    async def setup(self, trace, runtime) -> None:  # writes into the task's box
+        pass
+
+    @vf.reward
+    async def tests_pass(self, trace: vf.Trace, runtime: vf.Runtime) -> float:  # reads the box
+        return 1.0
+
+    @vf.intercept
+    async def rewrite(self, response: vf.Response) -> vf.Response | None:
+        return None
+
+    @vf.stop
+    async def on_request(self, request: vf.Request) -> bool:
+        return False
+
+
+class Boxes(vf.Taskset[Boxed]):
+    def load(self):
+        yield from ()
+
+
+def test_what_lorarl_cannot_play_is_refused_in_one_line_naming_it() -> None:
+    with pytest.raises(ValueError, match="Tooled: its tool server object is not a vf.Toolset of @vf.tool methods"):
+        check_playable(Tooled, vf.TasksetConfig(), None)
     judged = vf.TasksetConfig(task={"judges": [{"id": "reference"}]})
-    with pytest.raises(ValueError, match="Shakies needs judges"):
-        check_single_turn(Shakies, judged)
+    with pytest.raises(ValueError, match="^Shakies needs judges, which lorarl cannot play$"):
+        check_playable(Shakies, judged, None)
+    with pytest.raises(ValueError) as error:
+        check_playable(Boxes, vf.TasksetConfig(), None)
+    assert str(error.value) == (
+        "Boxes needs a container and a runtime for its setup or finalize and a runtime for its scoring and "
+        "@vf.intercept hooks and @vf.stop hooks on requests or responses, which lorarl cannot play"
+    )
+    check_playable(Shakies, vf.TasksetConfig(), None)  # a plain task passes
 
 
 @pytest.mark.parametrize(
@@ -130,6 +162,7 @@ def test_what_lorarl_cannot_play_single_turn_is_refused() -> None:
         (REVERSE, {"num_word": 3}, "args do not fit ReverseWordsConfig: num_word: Extra inputs are not permitted"),
         (REVERSE, {"num_words": "a"}, "args do not fit ReverseWordsConfig: num_words: Input should be a valid integer"),
         (REVERSE, {"id": "x"}, "args.id: the taskset is the part of the id after 'verifiers:'"),
+        (REVERSE, {"max_turns": 0}, "args.max_turns: model turns per episode, an integer >= 1, got 0"),
         ("verifiers:examples.verifiers_env.nope", {}, "No module named 'examples.verifiers_env.nope'"),
         ("verifiers:no-such-taskset", {}, "taskset 'no-such-taskset' not found"),
         ("verifiers:examples.custom_environment.my_env", {}, "must export exactly one Taskset subclass in __all__"),
