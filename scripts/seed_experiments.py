@@ -31,7 +31,7 @@ WINDOW = 10
 # experiment -> variant label -> the flags that differ from configs/quickstart/rl.toml
 EXPERIMENTS: dict[str, dict[str, list[str]]] = {
     "rank": {
-        f"rank {r}": ["--model.lora.rank", str(r), "--model.lora.alpha", "64", "--model.lora.use_rslora", "true"]
+        f"rank {r}": ["--model.lora.rank", str(r), "--model.lora.alpha", "64", "--model.lora.use_rslora"]
         for r in (1, 4, 16, 64)
     },
     "lr": {f"lr {lr}": ["--trainer.optim.lr", lr] for lr in ("2e-4", "6e-4", "2e-3", "6e-3")},

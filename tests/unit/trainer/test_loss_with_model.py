@@ -166,6 +166,11 @@ def varied_samples(model: torch.nn.Module) -> list[TrainSample]:
             mask[30:] = [False] * 10
         samples.append(TrainSample([rng.randrange(3, 250) for _ in range(length)], mask, [0.0] * length,
                                    advantage=rng.uniform(-1, 1), temperature=(0.7, 1.2)[i % 2]))  # fmt: skip
+    return with_sampler_logprobs(model, samples, rng)
+
+
+def with_sampler_logprobs(model: torch.nn.Module, samples: list[TrainSample], rng: random.Random) -> list[TrainSample]:
+    """`samples` with sampler logprobs of the policy's own plus noise (sd 0.25)."""
     with torch.no_grad():
         for s in samples:
             policy = token_logprobs(model, next(micro_batches([s], size=1, pad_id=0)))[0].tolist()
@@ -185,26 +190,28 @@ def step_loss_stats_and_grads(
     return shares, grads
 
 
+def variant_config(loss: dict, packing: bool) -> RLConfig:
+    """The RL config of a loss variant, with packing (and shared prompts) or padded rows."""
+    return RLConfig(model={"name": "tiny"}, seq_len=SEQ_LEN, trainer={"micro_batch_size": 2, "packing": packing,
+                    "loss": loss | {"norm_constant": 200.0 if loss["norm"] == "constant" else None}})  # fmt: skip
+
+
 @pytest.mark.parametrize("loss", VARIANTS, ids=lambda v: "-".join(str(x) for x in v.values()))
 def test_packed_rows_give_the_loss_gradients_and_stats_of_padded_rows(loss: dict) -> None:
     model = trained_adapter(tiny_qwen3())
     samples = varied_samples(model)
 
-    def config(packing: bool) -> RLConfig:
-        return RLConfig(model={"name": "tiny"}, seq_len=SEQ_LEN, trainer={"micro_batch_size": 2, "packing": packing,
-                        "loss": loss | {"norm_constant": 200.0 if loss["norm"] == "constant" else None}})  # fmt: skip
+    cfg = variant_config(loss, True).trainer.loss
 
-    cfg = config(True).trainer.loss
-
-    packed = list(forward_passes(config(True), pad_id=0).split(samples))
+    packed = list(forward_passes(variant_config(loss, True), pad_id=0).split(samples))
     assert all(isinstance(b, PackedBatch) for b in packed)
     # Both temperatures, rows of several samples, the long sample in a row of its own.
     assert {b.temperature for b in packed} == {0.7, 1.2}
     assert sum(b.num_samples for b in packed) == len(samples) > sum(b.input_ids.shape[0] for b in packed)
     assert max(b.input_ids.shape[1] for b in packed) == 40
 
-    unpacked_stats, unpacked_grads = step_loss_stats_and_grads(model, samples, config(False))
-    packed_stats, packed_grads = step_loss_stats_and_grads(model, samples, config(True))
+    unpacked_stats, unpacked_grads = step_loss_stats_and_grads(model, samples, variant_config(loss, False))
+    packed_stats, packed_grads = step_loss_stats_and_grads(model, samples, variant_config(loss, True))
     if cfg.ratio_level == "token" and cfg.mismatch_correction == "none" and cfg.loss_fn is None:
         assert 0.05 < unpacked_stats["ratio/out_of_range_frac"] < 0.95
     if cfg.mismatch_correction != "none":
@@ -213,13 +220,21 @@ def test_packed_rows_give_the_loss_gradients_and_stats_of_padded_rows(loss: dict
     if cfg.loss_fn is not None:
         assert 0.05 < unpacked_stats["loss_fn/clipped_frac"] < 0.95
     assert ("kl_to_base" in packed_stats) == (cfg.kl_coef > 0)
-    assert packed_stats.keys() == unpacked_stats.keys()
-    for key, value in unpacked_stats.items():
-        assert packed_stats[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
-    assert packed_grads.keys() == unpacked_grads.keys() and len(packed_grads) == 2 * 2 * 7
-    for name, g in unpacked_grads.items():
+    assert_same_step(packed_stats, packed_grads, unpacked_stats, unpacked_grads)
+
+
+def assert_same_step(
+    stats: dict[str, float], grads: dict[str, torch.Tensor], want_stats: dict[str, float],
+    want_grads: dict[str, torch.Tensor],
+) -> None:  # fmt: skip
+    """One step's stats and (non-zero) LoRA gradients, as those of the padded rows, up to float rounding."""
+    assert stats.keys() == want_stats.keys()
+    for key, value in want_stats.items():
+        assert stats[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
+    assert grads.keys() == want_grads.keys() and len(grads) == 2 * 2 * 7
+    for name, g in want_grads.items():
         assert g.abs().sum() > 0, name
-        torch.testing.assert_close(packed_grads[name], g, rtol=1e-4, atol=1e-6, msg=name)
+        torch.testing.assert_close(grads[name], g, rtol=1e-4, atol=1e-6, msg=name)
 
 
 def grouped_samples(model: torch.nn.Module) -> list[TrainSample]:
@@ -237,11 +252,7 @@ def grouped_samples(model: torch.nn.Module) -> list[TrainSample]:
                 mask[len(prompt) + 1 : len(prompt) + 3] = [False, False]
             samples.append(TrainSample(prompt + [rng.randrange(3, 250) for _ in range(n)], mask, [0.0] * len(mask),
                                        advantage=rng.uniform(-1, 1), temperature=(0.7, 1.2)[g % 2]))  # fmt: skip
-    with torch.no_grad():
-        for s in samples:
-            policy = token_logprobs(model, next(micro_batches([s], size=1, pad_id=0)))[0].tolist()
-            s.old_logprobs = [0.0, *(p + rng.gauss(0, 0.25) for p in policy)]
-    return samples
+    return with_sampler_logprobs(model, samples, rng)
 
 
 @pytest.mark.parametrize("loss", VARIANTS, ids=lambda v: "-".join(str(x) for x in v.values()))
@@ -249,25 +260,15 @@ def test_shared_prompts_give_the_loss_gradients_and_stats_of_padded_rows(loss: d
     model = trained_adapter(tiny_qwen3())
     samples = grouped_samples(model)
 
-    def config(packing: bool) -> RLConfig:
-        return RLConfig(model={"name": "tiny"}, seq_len=SEQ_LEN, trainer={"micro_batch_size": 2, "packing": packing,
-                        "loss": loss | {"norm_constant": 200.0 if loss["norm"] == "constant" else None}})  # fmt: skip
-
-    passes = forward_passes(config(True), pad_id=0)
+    passes = forward_passes(variant_config(loss, True), pad_id=0)
     assert passes.share_prompts
     shared = list(passes.split(samples))
     assert all(isinstance(b, PackedBatch) and not torch.equal(b.prefix_ids, b.sequence_ids) for b in shared)
     assert sum(b.input_ids.numel() for b in shared) < sum(len(s.input_ids) for s in samples)
 
-    padded_stats, padded_grads = step_loss_stats_and_grads(model, samples, config(False))
-    shared_stats, shared_grads = step_loss_stats_and_grads(model, samples, config(True))
-    assert shared_stats.keys() == padded_stats.keys()
-    for key, value in padded_stats.items():
-        assert shared_stats[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
-    assert shared_grads.keys() == padded_grads.keys() and len(shared_grads) == 2 * 2 * 7
-    for name, g in padded_grads.items():
-        assert g.abs().sum() > 0, name
-        torch.testing.assert_close(shared_grads[name], g, rtol=1e-4, atol=1e-6, msg=name)
+    padded_stats, padded_grads = step_loss_stats_and_grads(model, samples, variant_config(loss, False))
+    shared_stats, shared_grads = step_loss_stats_and_grads(model, samples, variant_config(loss, True))
+    assert_same_step(shared_stats, shared_grads, padded_stats, padded_grads)
 
 
 def rollouts_for(step: int) -> list[Rollout]:
