@@ -65,10 +65,14 @@ class AdapterWatcher:
         await self.pool.load_adapter(self.adapter_name(latest), str(self.run.broadcast(latest).resolve()))
         if (updated_at := self.run.broadcast_updated_at(latest)) is not None:
             self._live_s.append(time.time() - updated_at)
+        skipped = range(self.version + 1, latest) if self.version is not None else range(0)
         self.version = latest
         self._loaded.add(latest)
         log.info("policy version %d loaded as %s", latest, self.adapter_name(latest))
         await self._unload_unused()
+        if self.delete_unloaded:  # versions the trainer wrote faster than they were loaded: never will be
+            for version in skipped:
+                shutil.rmtree(self.run.broadcast(version), ignore_errors=True)
         return True
 
     def take_live_latencies(self) -> list[float]:

@@ -46,3 +46,21 @@ def test_live_latency_runs_from_the_optimizer_step_to_the_load_on_the_workers(tm
     assert pool.loaded == ["exp-step1"]
     assert 0.5 + 0.2 <= live <= time.time() - step_end  # from the step's end, through the load
     assert watcher.take_live_latencies() == []  # each version is reported once
+
+
+def test_versions_written_faster_than_they_are_loaded_are_deleted_with_the_unloaded(tmp_path: Path) -> None:
+    """The trainer may write versions 1 and 2 before the watcher looks: it loads 2, and 1, never to
+    be loaded, goes with the unloaded version 0 (orchestrator.delete_old_broadcasts)."""
+    tok = build_tokenizer()
+    model = apply_lora(build_model(len(tok), tok.eos_token_id, tok.pad_token_id, hidden_size=64, num_layers=2),
+                       LoraConfig(rank=4))  # fmt: skip
+    run = RunFolder(tmp_path / "run")
+    write_adapter(model, run.broadcast(0))
+    pool = Pool(load_s=0.0)
+    watcher = AdapterWatcher(pool, run, "exp", delete_unloaded=True)  # type: ignore[arg-type]
+    assert asyncio.run(watcher.refresh())
+    for step in (1, 2):
+        write_adapter(model, run.broadcast(step), updated_at=time.time())
+    assert asyncio.run(watcher.refresh())
+    assert pool.loaded == ["exp-step2"]
+    assert sorted(p.name for p in run.broadcast(2).parent.iterdir()) == ["step_2"]
