@@ -84,7 +84,7 @@ class PackedBatch:
     """
 
     input_ids: torch.Tensor  # [R, L]
-    position_ids: torch.Tensor  # [R, L], 0 at the start of every sample
+    position_ids: torch.Tensor  # [R, L], 0 at the start of every sample (or of its shared prompt)
     sequence_ids: torch.Tensor  # [R, L], the segment's number within its row (a sample, or a shared prompt)
     # [R, L], the segment a token attends to besides its own: the shared prompt of its sample, or
     # its own segment where there is none.
