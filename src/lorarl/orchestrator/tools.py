@@ -56,6 +56,14 @@ class ToolCall:
     arguments: dict[str, Any]
 
 
+def format_tool_call(name: str, arguments: dict[str, Any]) -> str:
+    """One call as the model writes it, and as Qwen3's template renders an assistant message's
+    `tool_calls` (JSON with ", " and ": ", non-ASCII kept): what warm-up data teaches, and what
+    `parse_tool_calls` reads back."""
+    call = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
+    return f"<tool_call>\n{call}\n</tool_call>"
+
+
 def parse_tool_calls(text: str) -> list[ToolCall | str]:
     """Every `<tool_call>` of a model turn, in order: a ToolCall, or for a malformed one the
     error to show the model."""

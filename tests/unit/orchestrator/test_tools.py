@@ -5,7 +5,8 @@ import time
 
 import pytest
 
-from lorarl.orchestrator.tools import Toolbox, ToolCall, ToolStats, parse_tool_calls, tool_schema
+from lorarl.orchestrator.tools import Toolbox, ToolCall, ToolStats, format_tool_call, parse_tool_calls, tool_schema
+from lorarl.tiny_model import build_tokenizer
 
 
 def add(a: int, b: int = 0) -> int:
@@ -92,6 +93,18 @@ def test_qwen3_tool_calls_are_parsed_in_order() -> None:
         ToolCall("add", {"a": 1})
     ]
     assert parse_tool_calls('<tool_call>{"name": "now"}</tool_call>') == [ToolCall("now", {})]
+
+
+def test_a_formatted_call_is_what_the_template_renders_and_parses_back() -> None:
+    arguments = {"word": "glimmerfish café", "n": 2}
+    text = format_tool_call("lookup", arguments)
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "lookup", "arguments": arguments}}]},
+    ]
+    rendered = build_tokenizer().apply_chat_template(messages, tokenize=False)
+    assert rendered.endswith(f"<|im_start|>assistant\n{text}<|im_end|>\n")
+    assert parse_tool_calls(text) == [ToolCall("lookup", arguments)]
 
 
 @pytest.mark.parametrize(
