@@ -6,7 +6,8 @@ without tool calls ends the episode and is the answer, in `<answer>...</answer>`
 Reward: 1 if it equals the true value, else 0; `used_tools` (weight 0) logs whether it called the
 tool well-formed. The tool evaluates only numbers, + - * / // % ** and parentheses, through
 Python's `ast` (never `eval`), with bounds on length and powers; anything else raises, which the
-model is told (and env/calculator/tool_failed counts).
+model is told (and env/calculator/tool_failed counts). Warm-up data (`solutions`) is the whole
+correct episode: one call with the expression as given, then its result as the answer.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 from lorarl.orchestrator.envs.base import Episode, Example, Message, WeightedReward
 from lorarl.orchestrator.envs.math_problems import extract_answer, parse_number
 from lorarl.orchestrator.envs.tool_env import ToolEnvironment, used_tools
+from lorarl.orchestrator.tools import format_tool_call
 
 MAX_EXPRESSION_CHARS = 200
 MAX_EXPONENT = 100
@@ -89,6 +91,11 @@ class Calculator(ToolEnvironment):
                 parts += [rng.choice("+-*"), str(rng.randint(10, self.max_value))]
             expression = " ".join(parts)
             yield {"expression": expression, "answer": calculate(expression)}
+
+    def solutions(self, example: Example) -> list[str]:
+        """A correct episode, for warm-up data: calculate the expression as given, then answer its result."""
+        call = format_tool_call("calculate", {"expression": example["expression"]})
+        return [call, f"<answer>{example['answer']}</answer>"]
 
     def prompt(self, example: Example) -> list[Message]:
         system = "Use the calculate tool to compute exactly. Reply with the result as <answer>...</answer>."

@@ -4,7 +4,9 @@ The model calls the `search` tool (shown by the chat template, called in its `<t
 each call returns the top-k documents by BM25 over lowercase word tokens as a `tool` message. A turn
 without tool calls ends the episode and is the answer, in `<answer>...</answer>`. Reward: 1 if the
 answer equals the true answer after normalization (case, punctuation, articles), 0.5 if it contains
-it as whole words, else 0. `used_tools` (weight 0) logs whether it searched.
+it as whole words, else 0. `used_tools` (weight 0) logs whether it searched. Warm-up data
+(`solutions`) is the whole correct episode: a search for the question itself, which BM25 ranks its
+document first for, then the answer.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections.abc import Iterator
 from lorarl.orchestrator.envs.base import Episode, Example, Message, WeightedReward
 from lorarl.orchestrator.envs.search_docs import DOCUMENTS
 from lorarl.orchestrator.envs.tool_env import ToolEnvironment, used_tools
+from lorarl.orchestrator.tools import format_tool_call
 
 ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 STOPWORDS = frozenset("a an and are at by did do does for how in is many of on the to was what which who".split())
@@ -82,6 +85,11 @@ class Search(ToolEnvironment):
         while True:
             doc = rng.choice(DOCUMENTS)
             yield {"question": doc.question, "answer": doc.answer}
+
+    def solutions(self, example: Example) -> list[str]:
+        """A correct episode, for warm-up data: search for the question as asked (it ranks its own
+        document first, tests/unit/orchestrator/envs/test_env_search.py checks every one), then answer."""
+        return [format_tool_call("search", {"query": example["question"]}), f"<answer>{example['answer']}</answer>"]
 
     def prompt(self, example: Example) -> list[Message]:
         system = (

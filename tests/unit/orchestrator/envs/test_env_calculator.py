@@ -1,11 +1,12 @@
 import asyncio
 import random
+from itertools import islice
 
 import pytest
 
 from lorarl.orchestrator.envs import load_environment
 from lorarl.orchestrator.envs.calculator import Calculator, calculate
-from tests.unit.orchestrator.envs.env_play import play_by_hand
+from tests.unit.orchestrator.envs.env_play import play_and_score, play_by_hand
 
 
 def calc(expression: str) -> str:
@@ -58,6 +59,17 @@ def test_examples_are_reproducible_and_answer_themselves() -> None:
     assert first == [e for e, _ in zip(env.examples(random.Random(3)), range(5), strict=False)]
     for ex in first:
         assert len(ex["expression"].split()) == 7 and ex["answer"] == calculate(ex["expression"])
+
+
+@pytest.mark.parametrize("args", [{}, {"terms": 2, "max_value": 999}, {"max_turns": 2, "terms": 4}])
+def test_reference_episodes_calculate_the_expression_and_score_one(args: dict) -> None:
+    env = Calculator(**args)
+    for example in islice(env.examples(random.Random(0)), 20):
+        turns = env.solutions(example)
+        assert turns == [calc(example["expression"]), f"<answer>{example['answer']}</answer>"]
+        episode, scores = play_and_score(env, example, turns)
+        assert [m["content"] for m in episode.messages if m["role"] == "tool"] == [example["answer"]]
+        assert scores["correct"] == 1.0 and scores["used_tools"] == 1.0 and scores["tool_failed"] == 0.0
 
 
 @pytest.mark.parametrize("args", [{"max_turns": 1}, {"terms": 1}, {"max_value": 10}])

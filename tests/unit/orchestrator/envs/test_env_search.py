@@ -7,7 +7,7 @@ from lorarl.orchestrator.envs import load_environment
 from lorarl.orchestrator.envs.base import Episode
 from lorarl.orchestrator.envs.search import LexicalIndex, Search, normalize
 from lorarl.orchestrator.envs.search_docs import DOCUMENTS
-from tests.unit.orchestrator.envs.env_play import play_by_hand
+from tests.unit.orchestrator.envs.env_play import play_and_score, play_by_hand
 
 EXAMPLE = {"question": "Who founded the Sorrel Academy of Music?", "answer": "Petra Lind"}
 
@@ -77,6 +77,17 @@ def test_every_question_finds_its_document_first_and_its_answer_is_in_it() -> No
     for doc in DOCUMENTS:
         assert env.search(doc.question) == f"{doc.title}: {doc.text}"
         assert normalize(doc.answer) in normalize(doc.text)
+
+
+def test_every_reference_episode_finds_its_document_first_and_scores_one() -> None:
+    env = Search()  # the default top_k: the reference query must rank its document first, not only in the top k
+    for doc in DOCUMENTS:
+        example = {"question": doc.question, "answer": doc.answer}
+        turns = env.solutions(example)
+        assert turns == [search(doc.question), f"<answer>{doc.answer}</answer>"]
+        episode, scores = play_and_score(env, example, turns)
+        assert episode.messages[3]["content"].split("\n")[0] == f"{doc.title}: {doc.text}"
+        assert scores["reward"] == 1.0 and scores["used_tools"] == 1.0 and scores["tool_malformed"] == 0.0
 
 
 def test_lexical_index_ranks_by_bm25() -> None:
