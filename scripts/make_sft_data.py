@@ -5,7 +5,10 @@ python scripts/make_sft_data.py --env reverse_text --num 2000 --out data/reverse
 One chat per record, {"messages": [...prompt, {"role": "assistant", "content": solution}]}, as
 JSONL or Parquet (by the suffix of --out); `sft` reads both. A multi-turn environment's episodes are
 played through: each reference turn (`solutions()`), then the environment's answer to it, so the
-record holds every turn (`sft` trains on all assistant turns).
+record holds every turn (`sft` trains on all assistant turns). An environment with tools (calculator,
+search) plays its reference tool calls, so the record holds the real `tool` results, and the record
+carries the tool schemas as "tools" (the Hugging Face convention), which `sft` shows the model
+through the chat template as `rl` does.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import json
 import random
 from itertools import islice
 from pathlib import Path
+from typing import Any
 
 from lorarl.orchestrator.envs import load_environment
 from lorarl.orchestrator.envs.base import Environment, Episode, Example, Message
@@ -25,15 +29,26 @@ from lorarl.orchestrator.envs.base import Environment, Episode, Example, Message
 def reference_episode(env: Environment, example: Example) -> list[Message]:
     """The conversation of a correct episode: the prompt, then each reference turn followed by the
     environment's reply to it, until it ends the episode or the reference turns run out."""
-    messages = env.prompt(example)
+    return asyncio.run(_play_reference(env, example))
+
+
+async def _play_reference(env: Environment, example: Example) -> list[Message]:
+    """On one event loop, with one Episode (its state, e.g. tool call counts, kept turn to turn)."""
+    episode = Episode(example, env.prompt(example))
     for turn in env.solutions(example):
-        messages.append({"role": "assistant", "content": turn})
-        reply = env.env_response(Episode(example, messages))
-        reply = asyncio.run(reply) if inspect.isawaitable(reply) else reply
+        episode.messages.append({"role": "assistant", "content": turn})
+        reply = env.env_response(episode)
+        reply = await reply if inspect.isawaitable(reply) else reply
         if reply is None:
             break
-        messages.extend(reply)
-    return messages
+        episode.messages.extend(reply)
+    return episode.messages
+
+
+def record(env: Environment, example: Example) -> dict[str, Any]:
+    """One warm-up record: the reference episode, and the tool schemas of an environment with tools."""
+    tools = env.tool_schemas()
+    return {"messages": reference_episode(env, example)} | ({"tools": tools} if tools is not None else {})
 
 
 def main() -> None:
@@ -48,10 +63,7 @@ def main() -> None:
         parser.error(f"--out must end in .jsonl or .parquet, got {args.out}")
     env = load_environment(args.env, json.loads(args.args))
     try:
-        records = [
-            {"messages": reference_episode(env, example)}
-            for example in islice(env.examples(random.Random(args.seed)), args.num)
-        ]
+        records = [record(env, example) for example in islice(env.examples(random.Random(args.seed)), args.num)]
     except NotImplementedError as e:
         parser.error(str(e))
     args.out.parent.mkdir(parents=True, exist_ok=True)

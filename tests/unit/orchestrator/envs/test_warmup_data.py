@@ -1,30 +1,42 @@
 """Warm-up data (scripts/make_sft_data.py) of a multi-turn environment is a whole correct episode:
-each reference turn followed by the environment's own reply, which the environment scores 1."""
+each reference turn followed by the environment's own reply, which the environment scores 1. A tool
+environment's records also carry its tool schemas ("tools"), for `sft` to show the model as `rl` does."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from lorarl.orchestrator.envs import load_environment
 from lorarl.orchestrator.envs.alphabet_sort import expected_turns
 from lorarl.orchestrator.envs.base import Episode
+from lorarl.orchestrator.envs.calculator import calculate
+from lorarl.orchestrator.envs.search_docs import DOCUMENTS
 from tests.conftest import REPO
+from tests.unit.orchestrator.envs.env_play import play_and_score
 
 ARGS = {"min_turns": 3, "max_turns": 3, "min_names_per_turn": 1, "max_names_per_turn": 2}
 
 
-def test_alphabet_sort_warmup_episodes_are_correct_and_whole(tmp_path: Path) -> None:
-    out = tmp_path / "alphabet.jsonl"
-    cmd = [sys.executable, str(REPO / "scripts" / "make_sft_data.py"), "--env", "alphabet_sort",
-           "--args", json.dumps(ARGS), "--num", "4", "--out", str(out)]  # fmt: skip
+def make_data(out: Path, env: str, args: dict[str, Any], num: int = 4) -> list[dict[str, Any]]:
+    cmd = [sys.executable, str(REPO / "scripts" / "make_sft_data.py"), "--env", env, "--args", json.dumps(args),
+           "--num", str(num), "--out", str(out)]  # fmt: skip
     subprocess.run(cmd, check=True, capture_output=True)
+    return [json.loads(line) for line in out.read_text().splitlines()]
+
+
+def test_alphabet_sort_warmup_episodes_are_correct_and_whole(tmp_path: Path) -> None:
     env = load_environment("alphabet_sort", ARGS)
-    for line in out.read_text().splitlines():
-        messages = json.loads(line)["messages"]
+    for record in make_data(tmp_path / "alphabet.jsonl", "alphabet_sort", ARGS):
+        messages = record["messages"]
+        assert "tools" not in record
         assert [m["role"] for m in messages] == ["system", *["user", "assistant"] * 3]
         # Rebuilt from what the record tells the model (the sort key, the names of each turn), the
         # episode scores full marks.
@@ -35,10 +47,48 @@ def test_alphabet_sort_warmup_episodes_are_correct_and_whole(tmp_path: Path) -> 
         assert scores["turn_similarity"] == 1.0 and scores["all_turns_exact"] == 1.0
 
 
+def calculator_example(question: str) -> dict[str, Any]:
+    expression = question.removesuffix(" = ?")
+    return {"expression": expression, "answer": calculate(expression)}
+
+
+def search_example(question: str) -> dict[str, Any]:
+    (doc,) = (d for d in DOCUMENTS if d.question == question)
+    return {"question": question, "answer": doc.answer}
+
+
+@pytest.mark.parametrize(
+    "env_id, args, rebuild, reward",
+    [
+        ("calculator", {"terms": 2, "max_value": 999}, calculator_example, "correct"),
+        ("search", {"max_turns": 3, "top_k": 2}, search_example, "answer_match"),
+    ],
+)
+def test_tool_warmup_episodes_are_whole_tool_episodes_with_their_schemas(
+    tmp_path: Path, env_id: str, args: dict[str, Any], rebuild: Any, reward: str
+) -> None:
+    env = load_environment(env_id, args)
+    for record in make_data(tmp_path / f"{env_id}.jsonl", env_id, args):
+        messages = record["messages"]
+        assert record["tools"] == env.tool_schemas()
+        assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "assistant"]
+        # Rebuilt from the question the record asks, the answer is right...
+        example = rebuild(messages[1]["content"])
+        assert asyncio.run(env.score(Episode(example, messages)))[reward] == 1.0
+        # ... and the model turns, played through the environment, give back the record's tool
+        # results exactly and full marks, the tool used well-formed.
+        turns = [m["content"] for m in messages if m["role"] == "assistant"]
+        episode, scores = play_and_score(env, example, turns)
+        assert episode.messages == messages
+        assert scores["reward"] == 1.0 and scores["used_tools"] == 1.0 and scores["tool_malformed"] == 0.0
+
+
 def test_an_environment_without_solutions_is_one_line(tmp_path: Path) -> None:
-    cmd = [sys.executable, str(REPO / "scripts" / "make_sft_data.py"), "--env", "search", "--num", "2",
+    env = "tests.unit.orchestrator.scripted_env:Scripted"  # a custom environment, from the repo root
+    cmd = [sys.executable, str(REPO / "scripts" / "make_sft_data.py"), "--env", env, "--num", "2",
            "--out", str(tmp_path / "s.jsonl")]  # fmt: skip
-    result = subprocess.run(cmd, capture_output=True, text=True)
+    pythonpath = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    result = subprocess.run(cmd, capture_output=True, text=True, env=os.environ | {"PYTHONPATH": pythonpath})
     assert result.returncode == 2
-    assert "search has no reference solutions" in result.stderr and "Traceback" not in result.stderr
+    assert "scripted has no reference solutions" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "s.jsonl").exists()
