@@ -31,15 +31,18 @@ def encode_chat(
 
 
 def tokenize_with_assistant_mask(
-    tokenizer: PreTrainedTokenizerBase, messages: list[Message], loss_on: LossOn = "assistant"
-) -> tuple[list[int], list[bool]]:
-    """Token ids of the whole conversation, and True for the tokens that carry loss (`loss_on`).
+    tokenizer: PreTrainedTokenizerBase, messages: list[Message], loss_on: LossOn = "assistant",
+    tools: list[dict[str, Any]] | None = None,
+) -> tuple[list[int], list[bool]]:  # fmt: skip
+    """Token ids of the whole conversation, and True for the tokens that carry loss (`loss_on`);
+    `tools` (OpenAI-style schemas) are rendered by the template as in `encode_chat`.
 
     Each trained assistant turn is found as the difference between the conversation rendered up to
     it (with the generation prompt) and rendered through it, which works for any chat template whose
     renderings extend each other; one that does not is an error rather than a silently wrong mask.
+    Tool results are not assistant turns (Qwen3's template renders them in a user turn): no loss.
     """
-    whole = encode_chat(tokenizer, messages, add_generation_prompt=False)
+    whole = encode_chat(tokenizer, messages, add_generation_prompt=False, tools=tools)
     if loss_on == "all":
         return whole, [True] * len(whole)
     assistant_turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
@@ -47,8 +50,8 @@ def tokenize_with_assistant_mask(
     ids: list[int] = []
     mask: list[bool] = []
     for i in trained:
-        prefix = encode_chat(tokenizer, messages[:i], add_generation_prompt=True)
-        full = encode_chat(tokenizer, messages[: i + 1], add_generation_prompt=False)
+        prefix = encode_chat(tokenizer, messages[:i], add_generation_prompt=True, tools=tools)
+        full = encode_chat(tokenizer, messages[: i + 1], add_generation_prompt=False, tools=tools)
         if full[: len(prefix)] != prefix or prefix[: len(ids)] != ids:
             raise ValueError("the chat template re-renders earlier turns; cannot mask assistant tokens")
         mask += [False] * (len(prefix) - len(ids)) + [True] * (len(full) - len(prefix))

@@ -3,8 +3,11 @@
 Formats (by `data.path`): a `.jsonl` file, a `.parquet` file, or a folder that `datasets` loads
 (one written by `Dataset.save_to_disk`, or a folder of data files). A record is a chat,
 `{"messages": [{"role", "content"}, ...]}`, or a pair `{"prompt", "completion"}` whose parts are
-strings (a user and an assistant message) or message lists. A malformed record stops the run with
-its place: `file.jsonl:LINE` or `file.parquet row INDEX` (0-based).
+strings (a user and an assistant message) or message lists. A record may carry `"tools"`, the
+OpenAI-style schemas of the tools its conversation calls (the Hugging Face convention, what
+scripts/make_sft_data.py writes for tool environments): the chat template shows them to the model as
+`rl` does (EpisodeRunner.encode), so a warm-up trains on the very prompt RL samples from. A
+malformed record stops the run with its place: `file.jsonl:LINE` or `file.parquet row INDEX` (0-based).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ CHAT_ROLES = {"system", "user", "assistant", "tool"}
 class Conversation(NamedTuple):
     where: str  # "file.jsonl:12" or "file.parquet row 11", for error messages
     messages: list[Message]
+    tools: list[dict[str, Any]] | None = None  # the schemas the chat template renders (`tools=`)
 
 
 @dataclass
@@ -72,7 +76,7 @@ def read_conversations(path: Path, split: str = "train") -> list[Conversation]:
     conversations = []
     for where, record in _records(Path(path), split):
         try:
-            conversations.append(Conversation(where, to_messages(record)))
+            conversations.append(Conversation(where, to_messages(record), to_tools(record)))
         except (KeyError, TypeError, ValueError) as e:
             raise DataError(f"{where}: malformed record: {e}") from None
     if not conversations:
@@ -97,6 +101,17 @@ def to_messages(record: Any) -> list[Message]:
     return messages
 
 
+def to_tools(record: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """A record's tool schemas, or None without a `tools` key (or with null there)."""
+    tools = record.get("tools")
+    if tools is None:
+        return None
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise ValueError("'tools' must be a list of tool schemas (JSON objects)")
+    # Parquet and `datasets` give every schema every key of the column's struct type, None where unset.
+    return [_without_nulls(t) for t in tools]
+
+
 def tokenize(
     conversations: list[Conversation],
     tokenizer: PreTrainedTokenizerBase,
@@ -111,7 +126,7 @@ def tokenize(
     samples = []
     for conversation in conversations:
         try:
-            ids, mask = tokenize_with_assistant_mask(tokenizer, conversation.messages, loss_on)
+            ids, mask = tokenize_with_assistant_mask(tokenizer, conversation.messages, loss_on, conversation.tools)
         except ValueError as e:
             raise DataError(f"{conversation.where}: {e}") from None
         if len(ids) > seq_len:
@@ -226,3 +241,11 @@ def _message_list(value: Any, key: str) -> list[Message]:
         raise ValueError(f"'{key}' has messages of unknown role {unknown} (known: {sorted(CHAT_ROLES)})")
     # Parquet and `datasets` give every message every key of the column's struct type, None where unset.
     return [{k: v for k, v in m.items() if v is not None} for m in value]
+
+
+def _without_nulls(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value

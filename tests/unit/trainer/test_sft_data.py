@@ -7,10 +7,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from lorarl.chat import tokenize_with_assistant_mask
+from lorarl.chat import encode_chat, tokenize_with_assistant_mask
 from lorarl.config.models import SFTDataConfig
+from lorarl.orchestrator.envs.calculator import Calculator
+from lorarl.orchestrator.envs.search import Search
 from lorarl.tiny_model import build_tokenizer
 from lorarl.trainer.sft_data import Conversation, DataError, DataOrder, load_sft_data, read_conversations, tokenize
+from tests.unit.orchestrator.envs.env_play import play_by_hand
 
 CHAT = [
     {"role": "system", "content": "Be brief."},
@@ -103,6 +106,8 @@ def test_datasets_folders(tmp_path: Path) -> None:
         ({"prompt": "only a prompt"}, "expected 'messages', or 'prompt' and 'completion'"),
         ({"prompt": "p", "completion": 3}, "'completion' must be a list"),
         ([1, 2], "expected an object, got list"),
+        (RECORDS[0] | {"tools": "calculate"}, "'tools' must be a list of tool schemas"),
+        (RECORDS[0] | {"tools": [{"type": "function"}, "calculate"]}, "'tools' must be a list of tool schemas"),
     ],
 )
 def test_malformed_jsonl_record_names_file_and_line(tmp_path: Path, record: object, error: str) -> None:
@@ -129,6 +134,41 @@ def test_unknown_format_and_missing_file(tmp_path: Path) -> None:
         read_conversations(tmp_path / "d.csv")
     with pytest.raises(DataError, match="no such file"):
         read_conversations(tmp_path / "missing.jsonl")
+
+
+def tool_record() -> dict:
+    """A calculator warm-up record as scripts/make_sft_data.py writes it: a whole tool episode and its schemas."""
+    env = Calculator(terms=2, max_value=999)
+    example = {"expression": "12 * 34", "answer": "408"}
+    return {"messages": play_by_hand(env, example, env.solutions(example)).messages, "tools": env.tool_schemas()}
+
+
+def test_a_record_with_tools_shows_them_as_rl_does_and_trains_only_the_model_turns(tmp_path: Path) -> None:
+    record = tool_record()
+    messages, tools = record["messages"], record["tools"]
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "assistant"]
+    (conversation,) = read_conversations(write_jsonl(tmp_path / "t.jsonl", [record]))
+    assert conversation.tools == tools
+    tok = build_tokenizer()
+    (sample,) = tokenize([conversation], tok, 2048, "assistant", "skip", Counter())
+    ids, mask = sample.input_ids, sample.loss_mask
+    # The prompts of both model turns are exactly what RL's EpisodeRunner.encode gives the model.
+    first, second = (encode_chat(tok, messages[:turn], add_generation_prompt=True, tools=tools) for turn in (2, 4))
+    assert ids[: len(first)] == first and ids[: len(second)] == second and not any(mask[: len(first)])
+    assert "<tools>" in tok.decode(first) and first != encode_chat(tok, messages[:2], add_generation_prompt=True)
+    # Loss on the tool call and the answer (each with its end of turn), not on the tool's result.
+    trained = tok.decode([i for i, m in zip(ids, mask, strict=True) if m])
+    assert trained == f"{messages[2]['content']}<|im_end|>\n{messages[4]['content']}<|im_end|>\n"
+    assert messages[3]["content"] == "408" and "<tool_response>" not in trained
+    assert '<tool_call>\n{"name": "calculate", "arguments": {"expression": "12 * 34"}}\n</tool_call>' in trained
+
+
+def test_tools_survive_parquet(tmp_path: Path) -> None:
+    # Two tools whose parameters differ: Parquet's struct type gives each the other's keys, as nulls.
+    tools = [*(Calculator().tool_schemas() or []), *(Search().tool_schemas() or [])]
+    pq.write_table(pa.Table.from_pylist([tool_record() | {"tools": tools}, RECORDS[0]]), tmp_path / "t.parquet")
+    with_tools, without = read_conversations(tmp_path / "t.parquet")
+    assert with_tools.tools == tools and without.tools is None
 
 
 def test_truncation_policies_are_counted() -> None:
