@@ -49,19 +49,21 @@ def read_toml(path: Path) -> dict[str, Any]:
 
 
 def make_data(sft: dict[str, Any], rl: dict[str, Any], logs: Path) -> None:
-    """The warm-up data of sft.toml's data.path, drawn with rl.toml's environment and args."""
+    """The warm-up data of sft.toml's data.path, drawn with rl.toml's environment and args: at least
+    an epoch of the warm-up, so that it sees each example about once."""
     path = REPO / sft["data"]["path"]
     if path.exists():
         return
     (env,) = rl["orchestrator"]["env"]
     cmd = [sys.executable, "scripts/make_sft_data.py", "--env", env["id"], "--args", json.dumps(env.get("args", {})),
-           "--num", "4000", "--out", str(path)]  # fmt: skip
+           "--num", str(max(4000, sft["max_steps"] * sft["batch_size"])), "--out", str(path)]  # fmt: skip
     run_logged(cmd, logs / f"data-{env['id']}.log")
 
 
 def check(recipe: str, logs: Path) -> Result:
     folder = REPO / "configs" / recipe
     sft, rl = read_toml(folder / "sft.toml"), read_toml(folder / "rl.toml")
+    ensure_tiny_model(logs, sft["model"]["name"])
     make_data(sft, rl, logs)
     sft_s = run_logged([str(BIN / "sft"), "@", f"configs/{recipe}/sft.toml", "--overwrite"], logs / f"{recipe}-sft.log")
     rl_s = run_logged([str(BIN / "rl"), "@", f"configs/{recipe}/rl.toml", "--overwrite"], logs / f"{recipe}-rl.log")
@@ -91,7 +93,6 @@ def main() -> None:
     if unknown:
         parser.error(f"no recipe {', '.join(unknown)}: the recipes are {', '.join(recipes())}")
     args.logs.mkdir(parents=True, exist_ok=True)
-    ensure_tiny_model(args.logs)
     results = []
     for recipe in args.recipe or recipes():
         results.append(check(recipe, args.logs))

@@ -1,5 +1,5 @@
 """What the learning check and the seed experiments share: running lorarl's commands from the
-repository root, as a user would, each with its output in a log file, and the tiny model they train.
+repository root, as a user would, each with its output in a log file, and the tiny models they train.
 """
 
 from __future__ import annotations
@@ -12,6 +12,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent  # the installed console scripts: rl, sft, lorarl-plot
 TINY_MODEL = "outputs/models/tiny-qwen3"
+# The local models recipes start from, with their `python -m lorarl.tiny_model` sizes: the 0.8M
+# quickstart model, and a 3.2M one (4x wider layers' weights) for tasks that need to copy from the
+# prompt (names, numbers), which the small one learns too slowly.
+LOCAL_MODELS = {TINY_MODEL: [], "outputs/models/qwen3-3m": ["--hidden-size", "256"]}
 
 
 def run_logged(cmd: list[str], log: Path) -> float:
@@ -26,6 +30,8 @@ def run_logged(cmd: list[str], log: Path) -> float:
     return time.monotonic() - start
 
 
-def ensure_tiny_model(logs: Path) -> None:
-    if not (REPO / TINY_MODEL / "config.json").exists():
-        run_logged([sys.executable, "-m", "lorarl.tiny_model", TINY_MODEL], logs / "tiny_model.log")
+def ensure_tiny_model(logs: Path, model: str = TINY_MODEL) -> None:
+    """Build the local model `model` (one of LOCAL_MODELS) unless it is there."""
+    if not (REPO / model / "config.json").exists():
+        cmd = [sys.executable, "-m", "lorarl.tiny_model", model, *LOCAL_MODELS[model]]
+        run_logged(cmd, logs / f"{Path(model).name}.log")
