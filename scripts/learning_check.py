@@ -2,6 +2,7 @@
 
 python scripts/learning_check.py                      # every recipe
 python scripts/learning_check.py alphabet_sort math   # some
+python scripts/learning_check.py math --keep-warmup   # rl.toml again, from the warm-up already there
 
 A recipe is a folder of configs/ with an `sft.toml` (a supervised warm-up of the tiny local model on
 reference episodes, standing in for the pretraining a real base model has) and an `rl.toml` that
@@ -60,12 +61,16 @@ def make_data(sft: dict[str, Any], rl: dict[str, Any], logs: Path) -> None:
     run_logged(cmd, logs / f"data-{env['id']}.log")
 
 
-def check(recipe: str, logs: Path) -> Result:
+def check(recipe: str, logs: Path, keep_warmup: bool) -> Result:
     folder = REPO / "configs" / recipe
     sft, rl = read_toml(folder / "sft.toml"), read_toml(folder / "rl.toml")
-    ensure_tiny_model(logs, sft["model"]["name"])
-    make_data(sft, rl, logs)
-    sft_s = run_logged([str(BIN / "sft"), "@", f"configs/{recipe}/sft.toml", "--overwrite"], logs / f"{recipe}-sft.log")
+    warmed_up = (REPO / rl["model"]["name"] / "config.json").exists()
+    sft_s = 0.0
+    if not (keep_warmup and warmed_up):
+        ensure_tiny_model(logs, sft["model"]["name"])
+        make_data(sft, rl, logs)
+        sft_cmd = [str(BIN / "sft"), "@", f"configs/{recipe}/sft.toml", "--overwrite"]
+        sft_s = run_logged(sft_cmd, logs / f"{recipe}-sft.log")
     rl_s = run_logged([str(BIN / "rl"), "@", f"configs/{recipe}/rl.toml", "--overwrite"], logs / f"{recipe}-rl.log")
     return Result(recipe, sft_s, rl_s, only(summarize(REPO / rl["output_dir"] / rl["run_name"], WINDOW)))
 
@@ -79,7 +84,8 @@ def table(results: list[Result]) -> str:
     for r in results:
         lines.append(
             f"| {r.recipe} | {r.run.reward_first:.3f} → {r.run.reward_last:.3f} | {r.run.eval_change('avg@')} "
-            f"| {r.run.eval_change('pass@')} | {r.run.steps} | {r.rl_s / 60:.1f} min | {r.sft_s / 60:.1f} min |"
+            f"| {r.run.eval_change('pass@')} | {r.run.steps} | {r.rl_s / 60:.1f} min "
+            f"| {f'{r.sft_s / 60:.1f} min' if r.sft_s else 'kept'} |"
         )
     return "\n".join(lines)
 
@@ -88,6 +94,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("recipe", nargs="*", help=f"folders of configs/ (default: all of {', '.join(recipes())})")
     parser.add_argument("--logs", type=Path, default=REPO / "outputs" / "learning_check", help="where logs go")
+    parser.add_argument(
+        "--keep-warmup", action="store_true", help="reuse a recipe's warmed-up model if it is there (to tune rl.toml)"
+    )
     args = parser.parse_args()
     unknown = sorted(set(args.recipe) - set(recipes()))
     if unknown:
@@ -95,7 +104,7 @@ def main() -> None:
     args.logs.mkdir(parents=True, exist_ok=True)
     results = []
     for recipe in args.recipe or recipes():
-        results.append(check(recipe, args.logs))
+        results.append(check(recipe, args.logs, args.keep_warmup))
         print(table(results[-1:]), flush=True)
     print("\n" + table(results))
     (args.logs / "table.md").write_text(table(results) + "\n")
