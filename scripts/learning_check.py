@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from run_steps import BIN, REPO, ensure_tiny_model, run_logged
+from run_steps import BIN, REPO, ensure_local_model, run_logged
 
 from lorarl.monitor.summary import RunSummary, only, summarize
 
@@ -67,7 +67,7 @@ def check(recipe: str, logs: Path, keep_warmup: bool) -> Result:
     warmed_up = (REPO / rl["model"]["name"] / "config.json").exists()
     sft_s = 0.0
     if not (keep_warmup and warmed_up):
-        ensure_tiny_model(logs, sft["model"]["name"])
+        ensure_local_model(logs, sft["model"]["name"])
         make_data(sft, rl, logs)
         sft_cmd = [str(BIN / "sft"), "@", f"configs/{recipe}/sft.toml", "--overwrite"]
         sft_s = run_logged(sft_cmd, logs / f"{recipe}-sft.log")

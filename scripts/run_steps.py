@@ -30,8 +30,9 @@ def run_logged(cmd: list[str], log: Path) -> float:
     return time.monotonic() - start
 
 
-def ensure_tiny_model(logs: Path, model: str = TINY_MODEL) -> None:
-    """Build the local model `model` (one of LOCAL_MODELS) unless it is there."""
-    if not (REPO / model / "config.json").exists():
+def ensure_local_model(logs: Path, model: str = TINY_MODEL) -> None:
+    """Build `model` if it is one of LOCAL_MODELS and not there yet; any other model (a recipe
+    pointed at one of the user's) is theirs, and `sft` says if it is missing."""
+    if model in LOCAL_MODELS and not (REPO / model / "config.json").exists():
         cmd = [sys.executable, "-m", "lorarl.tiny_model", model, *LOCAL_MODELS[model]]
         run_logged(cmd, logs / f"{Path(model).name}.log")

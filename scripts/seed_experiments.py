@@ -23,7 +23,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from run_steps import BIN, REPO, ensure_tiny_model, run_logged
+from run_steps import BIN, REPO, ensure_local_model, run_logged
 
 from lorarl.monitor.summary import only, summarize
 
@@ -69,7 +69,7 @@ def main() -> None:
     parser.add_argument("--logs", type=Path, default=REPO / "outputs" / "seed", help="where logs go")
     args = parser.parse_args()
     args.logs.mkdir(parents=True, exist_ok=True)
-    ensure_tiny_model(args.logs)
+    ensure_local_model(args.logs)
     if not (REPO / "outputs/quickstart-sft/final/config.json").exists():
         if not (REPO / "outputs/data/reverse_text_sft.jsonl").exists():
             run_logged([sys.executable, "scripts/make_sft_data.py", "--env", "reverse_text", "--num", "4000",
