@@ -129,8 +129,19 @@ class ModelConfig(Section):
     """The trainer's transformers attention implementation ("sdpa", "eager", "flash_attention_2", ...).
     Packing gives "sdpa" and "eager" a block-diagonal causal mask, flash attention position ids."""
     lora: LoraConfig | None = None
-    """The LoRA adapter to train. `rl` always trains one (absent: the defaults below); absent in an `sft`
-    config means full fine-tuning of every weight."""
+    """The LoRA adapter to train. `rl` trains one (absent: the defaults below) unless full_finetune is set;
+    absent in an `sft` config means full fine-tuning of every weight."""
+    full_finetune: bool = False
+    """Train every weight of the model, with no LoRA adapter (leave out [model.lora]). In `rl` every
+    policy version is then a whole model that each vLLM worker reloads in place (vLLM's reload_weights),
+    replacing the last one: requests in flight finish on the new weights, so its workers serve this run
+    alone (no [[variants]]). In `sft` the same as leaving out [model.lora]. false: LoRA."""
+
+    @model_validator(mode="after")
+    def _lora_or_full(self) -> ModelConfig:
+        if self.full_finetune and self.lora is not None:
+            raise ValueError("model.full_finetune trains every weight, so [model.lora] has no adapter to set: drop one")
+        return self
 
 
 class OptimConfig(Section):
@@ -807,8 +818,21 @@ class RLConfig(SharedConfig):
 
     @model_validator(mode="after")
     def _rl_trains_lora(self) -> RLConfig:
-        if self.model.lora is None:
+        if self.model.lora is None and not self.model.full_finetune:
             self.model.lora = LoraConfig()
+        return self
+
+    @model_validator(mode="after")
+    def _full_finetune_fits(self) -> RLConfig:
+        if self.model.full_finetune and self.variants:
+            raise ValueError(
+                "[[variants]] are adapters on one shared base model: model.full_finetune trains no adapter"
+            )
+        if self.model.full_finetune and self.trainer.loss.kl_coef > 0:
+            # With LoRA the base is the model with its adapter off; full fine-tuning would need a second copy.
+            raise ValueError(
+                "trainer.loss.kl_coef > 0 needs the base model beside the policy: not with model.full_finetune"
+            )
         return self
 
     @model_validator(mode="after")
@@ -843,7 +867,7 @@ class RLConfig(SharedConfig):
 
     @property
     def lora(self) -> LoraConfig:
-        assert self.model.lora is not None  # set by the validator
+        assert self.model.lora is not None, "model.full_finetune: no adapter"  # else set by the validator
         return self.model.lora
 
     @property

@@ -105,9 +105,14 @@ class InferenceClient:
     async def models(self) -> list[dict[str, Any]]:
         return list((await self._json("GET", "/v1/models"))["data"])
 
-    async def load_adapter(self, name: str, path: str) -> None:
+    def _server_path(self, path: str) -> str:
+        """`path` (in the run folder) as the server's machine sees it."""
         if self.run_dirs is not None and path.startswith(self.run_dirs[0]):
-            path = self.run_dirs[1] + path[len(self.run_dirs[0]) :]
+            return self.run_dirs[1] + path[len(self.run_dirs[0]) :]
+        return path
+
+    async def load_adapter(self, name: str, path: str) -> None:
+        path = self._server_path(path)
         body = {"lora_name": name, "lora_path": path}
         status, text = await self._request("POST", "/v1/load_lora_adapter", body)
         if status == 400 and "already been loaded" in text:
@@ -125,6 +130,24 @@ class InferenceClient:
         if status not in (200, 404):  # 404: already gone, which is what we wanted
             raise InferenceError(f"unloading adapter {name} from {self.base_url}: {status} {text[:300]}")
         self.adapters.discard(name)
+
+    async def reload_weights(self, path: str) -> None:
+        """Full fine-tuning: make the server's model the one in folder `path`, in place (weight_reload.py),
+        then drop its prefix cache, the running requests' included, so that no KV computed with the old
+        weights is reused: those requests continue on the new weights."""
+        body = {"method": "reload_policy", "kwargs": {"weights_path": self._server_path(path)}}
+        try:
+            await self._json("POST", "/collective_rpc", body)
+            reset = await self._json("POST", "/reset_prefix_cache?reset_running_requests=true")
+        except WorkerUnavailable:
+            raise
+        except InferenceError as e:
+            raise InferenceError(
+                f"reloading the weights of {path}: {e} (a server for model.full_finetune must be started by "
+                "rl or inference from a config that sets it)"
+            ) from None
+        if not reset.get("success"):
+            raise InferenceError(f"{self.base_url} did not reset its prefix cache after reloading {path}: {reset}")
 
     async def chat(self, model: str, messages: list[dict[str, str]], **params: Any) -> str:
         """The reply to a chat (OpenAI /v1/chat/completions, the server applying the chat template),

@@ -48,6 +48,8 @@ class WorkerPool:
         self.unavailable_timeout, self.poll = unavailable_timeout, poll
         # Every adapter the run has loaded and not unloaded: name -> folder. A returning worker gets them all.
         self.adapters: dict[str, str] = {}
+        # Full fine-tuning: the model folder every worker serves (None: the base model); a returning worker reloads it.
+        self.weights: str | None = None
         self._watchers: dict[InferenceClient, asyncio.Task[None]] = {}
         self.outages = 0  # workers taken out of routing so far
 
@@ -76,6 +78,12 @@ class WorkerPool:
         """Load into every routable worker; the others get it when they return."""
         self.adapters[name] = path
         await self._on_routable(lambda w: w.load_adapter(name, path))
+
+    async def reload_weights(self, path: str) -> None:
+        """Full fine-tuning: every routable worker serves the model folder `path` from now on; the
+        others reload it when they return."""
+        self.weights = path
+        await self._on_routable(lambda w: w.reload_weights(path))
 
     async def unload_adapter(self, name: str) -> None:
         self.adapters.pop(name, None)
@@ -123,6 +131,8 @@ class WorkerPool:
                 # What the server really serves: after a restart that is none of what we loaded.
                 worker.adapters = {m["id"] for m in await worker.models() if m.get("parent")}
                 await self._sync_adapters(worker)
+                if self.weights is not None:  # a restarted worker serves the base model again
+                    await self._sync_weights(worker)
             except WorkerUnavailable:
                 continue
             self.routable.append(worker)
@@ -140,3 +150,11 @@ class WorkerPool:
             for name in missing:
                 if (path := self.adapters.get(name)) is not None:
                     await worker.load_adapter(name, path)
+
+    async def _sync_weights(self, worker: InferenceClient) -> None:
+        """Reload the pool's weights into the worker until they stay the newest while it loads them."""
+        loaded = None
+        while loaded != self.weights:
+            loaded = self.weights
+            assert loaded is not None
+            await worker.reload_weights(loaded)

@@ -11,6 +11,9 @@ from lorarl.config.models import VLLM_LORA_RANKS, RLConfig
 from lorarl.inference.cpu_cores import pinned, worker_cores
 from lorarl.launcher.placement import visible_gpus
 
+# Full fine-tuning's vLLM worker extension, imported by the worker processes only (it imports vLLM).
+WEIGHT_RELOAD_EXTENSION = "lorarl.inference.weight_reload.WeightReload"
+
 
 def vllm_max_lora_rank(rank: int) -> int:
     """The smallest rank vLLM's --max-lora-rank accepts that holds `rank`."""
@@ -38,10 +41,7 @@ def vllm_command(cfg: RLConfig, worker: int = 0, host: str | None = None) -> lis
         "--host", host or inf.host,
         "--port", str(inf.port + worker),
         "--seed", str(cfg.seed),
-        "--enable-lora",
-        # Every variant's adapters ([[variants]]) share the server: room for the largest rank and all their slots.
-        "--max-lora-rank", str(vllm_max_lora_rank(cfg.max_lora_rank)),
-        *([] if inf.given_max_loras is not None else ["--max-loras", str(cfg.adapter_slots)]),
+        *(["--worker-extension-cls", WEIGHT_RELOAD_EXTENSION] if cfg.model.full_finetune else lora_args(cfg)),
         # Logprobs of the distribution actually sampled from (temperature applied), which is what
         # the trainer computes; vLLM's default is the raw model distribution.
         "--logprobs-mode", "processed_logprobs",
@@ -54,10 +54,18 @@ def vllm_command(cfg: RLConfig, worker: int = 0, host: str | None = None) -> lis
     return cmd if cores is None else pinned(cmd, cores)
 
 
+def lora_args(cfg: RLConfig) -> list[str]:
+    """Serving the adapters: every variant's ([[variants]]) share the server, so room for the largest
+    rank and all their slots."""
+    max_loras = [] if cfg.inference.given_max_loras is not None else ["--max-loras", str(cfg.adapter_slots)]
+    return ["--enable-lora", "--max-lora-rank", str(vllm_max_lora_rank(cfg.max_lora_rank)), *max_loras]
+
+
 def vllm_env(cfg: RLConfig, gpus: str | None = None) -> dict[str, str]:
     """The environment of one worker: `gpus` is its CUDA_VISIBLE_DEVICES (launcher/placement.py),
-    None on a machine without GPUs."""
-    env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+    None on a machine without GPUs. Full fine-tuning reloads weights through /collective_rpc and
+    /reset_prefix_cache, endpoints that vLLM serves in its dev mode only."""
+    env = {"VLLM_SERVER_DEV_MODE": "1"} if cfg.model.full_finetune else {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
     if gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpus
     else:

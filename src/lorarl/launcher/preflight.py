@@ -52,9 +52,11 @@ def check_rl(cfg: RLConfig, gpus: int) -> Placement:
 
 
 def check_adapter(cfg: RLConfig) -> None:
-    """What one adapter of `rl` needs: a LoRA that vLLM can serve, its environments, its user functions."""
+    """What one adapter of `rl` needs: a LoRA that vLLM can serve (unless model.full_finetune), its
+    environments, its user functions."""
     try:
-        cfg.lora.check_for_rl()
+        if not cfg.model.full_finetune:
+            cfg.lora.check_for_rl()
     except ValueError as e:
         raise PreflightError(str(e)) from None
     check_environments(cfg)

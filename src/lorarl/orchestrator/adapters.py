@@ -1,4 +1,8 @@
-"""`AdapterWatcher`: follows broadcasts/ and keeps the newest adapter loaded on every worker."""
+"""Policy watchers: follow broadcasts/ and keep the newest policy on every worker.
+
+`AdapterWatcher` loads each LoRA version under a name of its own; `WeightsWatcher` (model.full_finetune)
+reloads the whole model in place, so that the workers always serve one version, the newest.
+"""
 
 from __future__ import annotations
 
@@ -62,7 +66,7 @@ class AdapterWatcher:
         latest = self.run.latest_stable_broadcast()
         if latest is None or (self.version is not None and latest <= self.version):
             return False
-        await self.pool.load_adapter(self.adapter_name(latest), str(self.run.broadcast(latest).resolve()))
+        await self._load(latest)
         if (updated_at := self.run.broadcast_updated_at(latest)) is not None:
             self._live_s.append(time.time() - updated_at)
         skipped = range(self.version + 1, latest) if self.version is not None else range(0)
@@ -74,6 +78,12 @@ class AdapterWatcher:
             for version in skipped:
                 shutil.rmtree(self.run.broadcast(version), ignore_errors=True)
         return True
+
+    async def _load(self, version: int) -> None:
+        await self.pool.load_adapter(self.adapter_name(version), str(self.run.broadcast(version).resolve()))
+
+    async def _unload(self, version: int) -> None:
+        await self.pool.unload_adapter(self.adapter_name(version))
 
     def take_live_latencies(self) -> list[float]:
         """The hand-off latencies (see `_live_s`) of the versions loaded since the last call."""
@@ -95,6 +105,30 @@ class AdapterWatcher:
             if version != self.version and self._in_use[version] == 0:
                 self._loaded.discard(version)
                 del self._in_use[version]
-                await self.pool.unload_adapter(self.adapter_name(version))
+                await self._unload(version)
                 if self.delete_unloaded:
                     shutil.rmtree(self.run.broadcast(version), ignore_errors=True)
+
+
+class WeightsWatcher(AdapterWatcher):
+    """Full fine-tuning: version N is the whole model in broadcasts/step_N, which every worker reloads
+    in place over version N-1 (WorkerPool.reload_weights). Requests go to the served model's name,
+    `model_name`, whatever the version; one in flight when a version loads finishes on its weights.
+    Its rollout keeps the version it started with (so policy lag is counted from there), and the
+    logprobs of the tokens each version sampled, which the trainer's importance ratio uses."""
+
+    def __init__(self, pool: WorkerPool, run: RunFolder, model_name: str, delete_unloaded: bool = False) -> None:
+        super().__init__(pool, run, run_name="", delete_unloaded=delete_unloaded)  # no adapters to name
+        self.model_name = model_name
+
+    def adapter_name(self, version: int) -> str:
+        return self.model_name  # the served model, vLLM's --model, whatever weights it has now
+
+    async def remove_leftovers(self) -> None:
+        """Nothing to remove: the first `refresh` replaces whatever weights a worker serves."""
+
+    async def _load(self, version: int) -> None:
+        await self.pool.reload_weights(str(self.run.broadcast(version).resolve()))
+
+    async def _unload(self, version: int) -> None:
+        """Nothing to unload: the workers hold the newest version only."""

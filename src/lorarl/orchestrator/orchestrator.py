@@ -31,7 +31,7 @@ from lorarl.inference.pool import WorkerPool
 from lorarl.inference.server import worker_urls
 from lorarl.monitor.metrics import MetricsLogger
 from lorarl.orchestrator import judge
-from lorarl.orchestrator.adapters import AdapterWatcher
+from lorarl.orchestrator.adapters import AdapterWatcher, WeightsWatcher
 from lorarl.orchestrator.advantages import GroupAdvantages
 from lorarl.orchestrator.batch_assembly import BatchAssembler
 from lorarl.orchestrator.batch_metrics import StepCounters, batch_metrics
@@ -138,8 +138,12 @@ class Orchestrator:
             self.runner.check(env)
         # A variant's adapters are `<run_name>-<variant>-step<N>`: the variants share the workers.
         adapter_prefix = cfg.run_name if variant is None else f"{cfg.run_name}-{variant}"
-        self.watcher = AdapterWatcher(
-            pool, self.run_folder, adapter_prefix, delete_unloaded=self.ocfg.delete_old_broadcasts
+        watcher = WeightsWatcher if cfg.model.full_finetune else AdapterWatcher
+        self.watcher = watcher(
+            pool,
+            self.run_folder,
+            cfg.model.name if cfg.model.full_finetune else adapter_prefix,
+            delete_unloaded=self.ocfg.delete_old_broadcasts,
         )
         self.groups_per_step = self.ocfg.batch_size // self.ocfg.rollouts_per_example
         self.advantages = GroupAdvantages(self.ocfg)  # imports advantage.fn, if any, now: errors show at start

@@ -1,4 +1,5 @@
-"""Write the adapter as a PEFT folder that vLLM and `PeftModel.from_pretrained` load."""
+"""Write a policy version for the orchestrator to hand to vLLM: a PEFT adapter folder (LoRA), or with
+model.full_finetune a whole model folder (safetensors) that the workers reload in place."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import json
 from pathlib import Path
 
 import peft
+from transformers import PreTrainedModel
 
 from lorarl.run_folder import UPDATED_AT, write_folder_atomically
 from lorarl.trainer.distributed import is_main_process
@@ -13,10 +15,11 @@ from lorarl.trainer.fsdp import gathered_weights
 from lorarl.trainer.model import save_adapter
 
 
-def write_adapter(model: peft.PeftModel, folder: Path, updated_at: float | None = None) -> None:
-    """The active adapter's adapter_model.safetensors + adapter_config.json, renamed into place, then
-    STABLE. Call it on every rank: a sharded model gathers its adapter from all of them. Rank 0 alone
-    writes.
+def write_policy(model: PreTrainedModel | peft.PeftModel, folder: Path, updated_at: float | None = None) -> None:
+    """The active adapter's adapter_model.safetensors + adapter_config.json (that vLLM and
+    `PeftModel.from_pretrained` load), or every weight as save_pretrained writes them, renamed into
+    place, then STABLE. Call it on every rank: a sharded model gathers its weights from all of them.
+    Rank 0 alone writes.
     `updated_at`: when the optimizer step that made these weights ended (time.time()), written beside
     them so that the orchestrator can tell how long the hand-off to vLLM took (perf/adapter_live_s)."""
     weights = gathered_weights(model)
@@ -24,7 +27,10 @@ def write_adapter(model: peft.PeftModel, folder: Path, updated_at: float | None 
         return
 
     def write(tmp: Path) -> None:
-        save_adapter(model, tmp, weights)
+        if isinstance(model, peft.PeftModel):
+            save_adapter(model, tmp, weights)
+        else:
+            model.save_pretrained(str(tmp), state_dict=weights)
         if updated_at is not None:
             (tmp / UPDATED_AT).write_text(json.dumps({"time": updated_at}))
 

@@ -45,6 +45,8 @@ from lorarl.trainer.batching import MicroBatch, TrainSample
 from lorarl.trainer.mismatch import mismatch_correction
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
     # For annotations only: packing.py imports this module, which computes its logprobs.
     from lorarl.trainer.packing import PackedBatch
 
@@ -255,14 +257,16 @@ def _custom_policy_term(
 
 
 def micro_batch_loss(
-    model: peft.PeftModel, batch: MicroBatch | PackedBatch, cfg: LossConfig, norm: LossNorm
+    model: peft.PeftModel | PreTrainedModel, batch: MicroBatch | PackedBatch, cfg: LossConfig, norm: LossNorm
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Forward one batch, padded or packed, and return `policy_loss` with the policy's mean entropy
     added to the stats. With kl_coef > 0 the base model scores the batch first, only then: it costs a
     forward pass (of the same inputs and attention mask). With entropy_coef > 0 the entropy has a gradient."""
     ref_logprobs = None
     if cfg.kl_coef > 0:
-        # The base model is the same weights with the adapter switched off: no second copy in memory.
+        # The base model is the same weights with the adapter switched off: no second copy in memory
+        # (full fine-tuning refuses kl_coef: RLConfig).
+        assert isinstance(model, peft.PeftModel)
         with torch.no_grad(), model.disable_adapter():
             ref_logprobs = token_logprobs(model, batch)
     bonus = cfg.entropy_coef > 0

@@ -102,7 +102,7 @@ def check_vllm_can_serve(model: peft.PeftModel) -> None:
             )
 
 
-def enable_gradient_checkpointing(model: peft.PeftModel) -> None:
+def enable_gradient_checkpointing(model: PreTrainedModel | peft.PeftModel) -> None:
     """Recompute each decoder layer's activations in the backward pass instead of keeping them.
 
     Non-reentrant checkpointing gives gradients to the LoRA weights inside a layer even though the

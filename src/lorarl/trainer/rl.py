@@ -3,6 +3,7 @@
 Step N: wait for rollouts/step_N, score every completion token under the current adapter,
 take one optimizer step on the importance-weighted policy-gradient loss, and write the adapter
 to broadcasts/step_N for the orchestrator to hot-load. broadcasts/step_0 is the starting adapter.
+With model.full_finetune every weight trains, and each version is the whole model (broadcast.py).
 An empty batch (every group of the step had zero advantage, orchestrator.skip_zero_advantage)
 changes no weight: no forward pass, no optimizer step; the schedule advances and the same adapter
 is written as version N.
@@ -25,12 +26,13 @@ from pathlib import Path
 
 import peft
 import torch
+from transformers import PreTrainedModel
 
 from lorarl.config.models import LossConfig, RLConfig
 from lorarl.monitor.metrics import MetricsLogger
 from lorarl.rollouts import Rollout, RolloutBatch, policy_lag
 from lorarl.trainer.batching import MicroBatch, TrainSample
-from lorarl.trainer.broadcast import write_adapter
+from lorarl.trainer.broadcast import write_policy
 from lorarl.trainer.checkpoint import save_checkpoint
 from lorarl.trainer.loss import LossNorm, micro_batch_loss
 from lorarl.trainer.model import (
@@ -41,9 +43,10 @@ from lorarl.trainer.model import (
     peak_memory_gib,
 )
 from lorarl.trainer.packing import PackedBatch
-from lorarl.trainer.skeleton import PassLoss, Trainer, forward_backward_step
+from lorarl.trainer.skeleton import Model, PassLoss, Trainer, forward_backward_step
 
 log = logging.getLogger("lorarl.trainer")
+Policy = PreTrainedModel | peft.PeftModel  # the model trained: every weight, or a LoRA adapter
 
 
 def train(cfg: RLConfig) -> None:
@@ -63,15 +66,15 @@ def train(cfg: RLConfig) -> None:
     trainer.dp.close()
 
 
-def write_starting_adapter(trainer: Trainer[peft.PeftModel]) -> None:
+def write_starting_adapter(trainer: Trainer[Model]) -> None:
     """The policy the orchestrator starts from: version `start` (0, or the checkpoint's step). Writing
     it, as every adapter and checkpoint, takes every rank (FSDP gathers the weights); rank 0 writes."""
-    write_adapter(trainer.model, trainer.run.broadcast(trainer.start))
+    write_policy(trainer.model, trainer.run.broadcast(trainer.start))
     if trainer.dp.is_main:
         log.info("wrote the starting adapter to %s", trainer.run.broadcast(trainer.start))
 
 
-def train_step(trainer: Trainer[peft.PeftModel], cfg: RLConfig, step: int, metrics: MetricsLogger) -> None:
+def train_step(trainer: Trainer[Model], cfg: RLConfig, step: int, metrics: MetricsLogger) -> None:
     """Step `step` of the model's active adapter: wait for its batch, train on it, write the adapter
     (and the checkpoint, when due), log the step."""
     run, dp, model = trainer.run, trainer.dp, trainer.model
@@ -97,7 +100,7 @@ def train_step(trainer: Trainer[peft.PeftModel], cfg: RLConfig, step: int, metri
         updated_at = None
     t_optim = time.perf_counter()
 
-    write_adapter(model, run.broadcast(step), updated_at)
+    write_policy(model, run.broadcast(step), updated_at)
     t_broadcast = time.perf_counter()
     ckpt = cfg.trainer.ckpt
     if ckpt.interval is not None and step % ckpt.interval == 0:
@@ -135,11 +138,15 @@ def train_step(trainer: Trainer[peft.PeftModel], cfg: RLConfig, step: int, metri
     )  # fmt: skip
 
 
-def rl_model(cfg: RLConfig) -> peft.PeftModel:
-    """The base model with a LoRA adapter that vLLM can serve: the orchestrator hot-loads every version."""
-    cfg.lora.check_for_rl()
-    model = apply_lora(load_model(cfg.model), cfg.lora)
-    check_vllm_can_serve(model)
+def rl_model(cfg: RLConfig) -> Policy:
+    """The base model with a LoRA adapter that vLLM can serve (the orchestrator hot-loads every
+    version), or with model.full_finetune the model itself, every weight trained."""
+    if cfg.model.full_finetune:
+        model: Policy = load_model(cfg.model)
+    else:
+        cfg.lora.check_for_rl()
+        model = apply_lora(load_model(cfg.model), cfg.lora)
+        check_vllm_can_serve(model)
     if cfg.trainer.gradient_checkpointing:
         enable_gradient_checkpointing(model)
     return model
@@ -157,9 +164,7 @@ def train_sample(rollout: Rollout) -> TrainSample:
     )
 
 
-def policy_gradient_loss(
-    model: peft.PeftModel, samples: Sequence[TrainSample], cfg: LossConfig, loss_tokens: int
-) -> PassLoss:
+def policy_gradient_loss(model: Policy, samples: Sequence[TrainSample], cfg: LossConfig, loss_tokens: int) -> PassLoss:
     """The policy loss (loss.py) of one forward pass, as its share of the loss of the step's `samples`,
     and its stats: means over the pass's loss tokens weighted by its share of the step's
     `loss_tokens`, so that they add up over the passes of all ranks to the step's means."""

@@ -33,6 +33,30 @@ def test_vllm_command_derives_lora_flags_from_the_config(tmp_path: Path) -> None
     assert worker_urls(c) == ["http://127.0.0.1:9000", "http://127.0.0.1:9001"]
 
 
+def test_full_finetune_starts_workers_that_reload_weights_and_serve_no_adapter(tmp_path: Path) -> None:
+    c = RLConfig.model_validate({"model": {"name": "m", "full_finetune": True}, "output_dir": str(tmp_path)})
+    cmd = vllm_command(c)
+    assert "--enable-lora" not in cmd and "--max-lora-rank" not in cmd and "--max-loras" not in cmd
+    extension = cmd[cmd.index("--worker-extension-cls") + 1]
+    assert extension == "lorarl.inference.weight_reload.WeightReload"
+    # The endpoints the orchestrator reloads weights through (/collective_rpc, /reset_prefix_cache).
+    assert vllm_env(c) == {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    assert c.model.lora is None
+
+
+@pytest.mark.parametrize(
+    ("extra", "error"),
+    [
+        ({"model": {"name": "m", "full_finetune": True, "lora": {"rank": 4}}}, "has no adapter to set: drop one"),
+        ({"variants": [{"name": "a"}]}, "model.full_finetune trains no adapter"),
+        ({"trainer": {"loss": {"kl_coef": 0.1}}}, "kl_coef > 0 needs the base model beside the policy"),
+    ],
+)
+def test_full_finetune_refuses_what_needs_an_adapter(extra: dict, error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        RLConfig.model_validate({"model": {"name": "m", "full_finetune": True}, **extra})
+
+
 def test_plan_writes_per_process_configs_and_commands(tmp_path: Path) -> None:
     c = cfg(tmp_path)
     run = RunFolder(c.run_dir)
