@@ -1,7 +1,9 @@
 """The LoRA-for-RL results our users cite, in miniature on a CPU: RL on the quickstart's task.
 
 python scripts/seed_experiments.py rank   # rank 1, 4, 16, 64 at alpha 64 with rsLoRA
+python scripts/seed_experiments.py rank64_lr   # rank 64 at lower learning rates
 python scripts/seed_experiments.py lr     # a learning-rate sweep at rank 8
+python scripts/seed_experiments.py full   # LoRA against full-parameter RL (model.full_finetune), an lr sweep
 python scripts/seed_experiments.py all --steps 60
 
 The claims: RL learns at very low rank (rank 1 close to rank 64); rsLoRA (alpha / sqrt(rank)) keeps
@@ -12,14 +14,14 @@ so the runs differ only in that setting. The script prints a table per experimen
 first and last 10 steps, mean grad norm, step time) and overlays the runs with lorarl-plot into
 outputs/seed/<experiment>/.
 
-Full-parameter RL, the third claim's reference, is not something `rl` does (vLLM serves LoRA
-adapters, and lorarl hot-loads adapters), so the lr sweep shows where LoRA RL's best learning rate
-lies, not the ratio to full fine-tuning's.
+The third claim's reference is full-parameter RL: `rl --model.full_finetune` trains every weight and
+has vLLM reload the whole model after each step, so "full" sweeps its learning rate beside LoRA's.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -28,13 +30,25 @@ from run_steps import BIN, REPO, ensure_local_model, run_logged
 from lorarl.monitor.summary import only, summarize
 
 WINDOW = 10
-# experiment -> variant label -> the flags that differ from configs/quickstart/rl.toml
+FULL = ["--model.lora", "null", "--model.full_finetune"]  # every weight trained, no adapter
+
+
+def rslora(rank: int) -> list[str]:
+    return ["--model.lora.rank", str(rank), "--model.lora.alpha", "64", "--model.lora.use_rslora"]
+
+
+# experiment -> variant label (it names the run) -> the flags that differ from configs/quickstart/rl.toml
 EXPERIMENTS: dict[str, dict[str, list[str]]] = {
-    "rank": {
-        f"rank {r}": ["--model.lora.rank", str(r), "--model.lora.alpha", "64", "--model.lora.use_rslora"]
-        for r in (1, 4, 16, 64)
-    },
+    "rank": {f"rank {r}": rslora(r) for r in (1, 4, 16, 64)},
+    # Rank 64 collapsed at the rank sweep's lr 2e-3: the same adapter at lower learning rates.
+    "rank64_lr": {f"rank 64, lr {lr}": [*rslora(64), "--trainer.optim.lr", lr] for lr in ("2e-4", "6e-4")},
     "lr": {f"lr {lr}": ["--trainer.optim.lr", lr] for lr in ("2e-4", "6e-4", "2e-3", "6e-3")},
+    # LoRA (rank 8, alpha 32, the quickstart's) at its best lr of the sweep above against full-parameter
+    # RL at a range of lrs: the same steps, batches and samples, so the same budget of rollouts.
+    "full": {
+        "LoRA rank 8, lr 2e-3": [],
+        **{f"full fine-tuning, lr {lr}": [*FULL, "--trainer.optim.lr", lr] for lr in ("2e-5", "6e-5", "2e-4", "6e-4")},
+    },
 }
 
 
@@ -46,7 +60,7 @@ def run_experiment(name: str, steps: int, logs: Path) -> str:
         "|---|---|---|---|",
     ]
     for label, flags in EXPERIMENTS[name].items():
-        run_name = f"seed-{name}-{label.split()[-1]}"
+        run_name = "seed-" + re.sub(r"[^\w.-]+", "-", label.lower())  # "rank 64, lr 2e-4" -> seed-rank-64-lr-2e-4
         cmd = [str(BIN / "rl"), "@", "configs/quickstart/rl.toml", "--overwrite", "--run_name", run_name,
                "--max_steps", str(steps), *flags]  # fmt: skip
         run_logged(cmd, logs / f"{run_name}.log")
