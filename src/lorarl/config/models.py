@@ -134,8 +134,9 @@ class ModelConfig(Section):
     full_finetune: bool = False
     """Train every weight of the model, with no LoRA adapter (leave out [model.lora]). In `rl` every
     policy version is then a whole model that each vLLM worker reloads in place (vLLM's reload_weights),
-    replacing the last one: requests in flight (an eval's too) finish on the new weights, so its workers serve this run
-    alone (no [[variants]]). In `sft` the same as leaving out [model.lora]. false: LoRA."""
+    replacing the last one: requests in flight (an eval's too) finish on the new weights, so its
+    workers serve this run alone (no [[variants]]). In `sft` the same as leaving out [model.lora].
+    false: LoRA."""
 
     @model_validator(mode="after")
     def _lora_or_full(self) -> ModelConfig:
