@@ -1,7 +1,7 @@
 """The LoRA-for-RL results our users cite, in miniature on a CPU: RL on the quickstart's task.
 
 python scripts/seed_experiments.py rank   # rank 1, 4, 16, 64 at alpha 64 with rsLoRA
-python scripts/seed_experiments.py rank64_lr   # rank 64 at lower learning rates
+python scripts/seed_experiments.py rank64_low_lr   # rank 64 at a tenth of the rank sweep's lr
 python scripts/seed_experiments.py lr     # a learning-rate sweep at rank 8
 python scripts/seed_experiments.py full   # LoRA against full-parameter RL (model.full_finetune), an lr sweep
 python scripts/seed_experiments.py all --steps 60
@@ -40,14 +40,17 @@ def rslora(rank: int) -> list[str]:
 # experiment -> variant label (it names the run) -> the flags that differ from configs/quickstart/rl.toml
 EXPERIMENTS: dict[str, dict[str, list[str]]] = {
     "rank": {f"rank {r}": rslora(r) for r in (1, 4, 16, 64)},
-    # Rank 64 collapsed at the rank sweep's lr 2e-3: the same adapter at lower learning rates.
-    "rank64_lr": {f"rank 64, lr {lr}": [*rslora(64), "--trainer.optim.lr", lr] for lr in ("2e-4", "6e-4")},
+    # Rank 64 collapsed at the rank sweep's lr 2e-3: the same adapter at a tenth of it.
+    "rank64_low_lr": {"rank 64, lr 2e-4": [*rslora(64), "--trainer.optim.lr", "2e-4"]},
     "lr": {f"lr {lr}": ["--trainer.optim.lr", lr] for lr in ("2e-4", "6e-4", "2e-3", "6e-3")},
-    # LoRA (rank 8, alpha 32, the quickstart's) at its best lr of the sweep above against full-parameter
-    # RL at a range of lrs: the same steps, batches and samples, so the same budget of rollouts.
+    # LoRA (rank 8, alpha 32, the quickstart's) against full-parameter RL, each over lrs that reach past
+    # its best: the same steps, batches and samples, so the same budget of rollouts.
     "full": {
-        "LoRA rank 8, lr 2e-3": [],
-        **{f"full fine-tuning, lr {lr}": [*FULL, "--trainer.optim.lr", lr] for lr in ("2e-5", "6e-5", "2e-4", "6e-4")},
+        **{f"LoRA rank 8, lr {lr}": ["--trainer.optim.lr", lr] for lr in ("2e-3", "6e-3", "2e-2")},
+        **{
+            f"full fine-tuning, lr {lr}": [*FULL, "--trainer.optim.lr", lr]
+            for lr in ("2e-5", "6e-5", "2e-4", "6e-4", "2e-3", "6e-3")
+        },
     },
 }
 
@@ -59,6 +62,7 @@ def run_experiment(name: str, steps: int, logs: Path) -> str:
         f"| {name} | reward, first {WINDOW} steps → last {WINDOW} | mean grad norm | trainer s/step |",
         "|---|---|---|---|",
     ]
+    final: dict[str, float] = {}  # label -> reward of the last WINDOW steps
     for label, flags in EXPERIMENTS[name].items():
         run_name = "seed-" + re.sub(r"[^\w.-]+", "-", label.lower())  # "rank 64, lr 2e-4" -> seed-rank-64-lr-2e-4
         cmd = [str(BIN / "rl"), "@", "configs/quickstart/rl.toml", "--overwrite", "--run_name", run_name,
@@ -66,6 +70,7 @@ def run_experiment(name: str, steps: int, logs: Path) -> str:
         run_logged(cmd, logs / f"{run_name}.log")
         runs.append(REPO / "outputs" / run_name)
         s = only(summarize(runs[-1], WINDOW))
+        final[label] = s.reward_last
         lines.append(
             f"| {label} | {s.reward_first:.3f} → {s.reward_last:.3f} | {s.grad_norm or float('nan'):.3f} "
             f"| {s.step_time or float('nan'):.2f} |"
@@ -73,7 +78,36 @@ def run_experiment(name: str, steps: int, logs: Path) -> str:
         print(lines[-1], flush=True)
     plots = REPO / "outputs" / "seed" / name
     run_logged([str(BIN / "lorarl-plot"), *map(str, runs), "--out", str(plots)], logs / f"plot-{name}.log")
+    if all(LR.search(label) for label in final):
+        plot_lr_sweep(final, plots / "lr_sweep.png")
     return "\n".join(lines) + f"\n\nplots: {plots}/overview.png\n"
+
+
+LR = re.compile(r"^(.*?),? ?lr (\S+)$")  # "full fine-tuning, lr 6e-4" -> ("full fine-tuning", "6e-4")
+
+
+def plot_lr_sweep(final: dict[str, float], path: Path) -> None:
+    """The reward of the last steps against the learning rate, a line per setting (the label before "lr")."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lines: dict[str, list[tuple[float, float]]] = {}
+    for label, reward in final.items():
+        match = LR.search(label)
+        assert match is not None
+        lines.setdefault(match[1] or "LoRA rank 8", []).append((float(match[2]), reward))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for setting, points in lines.items():
+        ax.plot(*zip(*sorted(points), strict=True), marker="o", label=setting)
+    ax.set(xscale="log", xlabel="learning rate", ylabel=f"reward, mean of the last {WINDOW} steps")
+    ax.set_title("Reward after the same steps, by learning rate")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def main() -> None:
