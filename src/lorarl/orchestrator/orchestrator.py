@@ -138,12 +138,11 @@ class Orchestrator:
             self.runner.check(env)
         # A variant's adapters are `<run_name>-<variant>-step<N>`: the variants share the workers.
         adapter_prefix = cfg.run_name if variant is None else f"{cfg.run_name}-{variant}"
-        watcher = WeightsWatcher if cfg.model.full_finetune else AdapterWatcher
-        self.watcher = watcher(
-            pool,
-            self.run_folder,
-            cfg.model.name if cfg.model.full_finetune else adapter_prefix,
-            delete_unloaded=self.ocfg.delete_old_broadcasts,
+        delete = self.ocfg.delete_old_broadcasts
+        self.watcher = (
+            WeightsWatcher(pool, self.run_folder, cfg.model.name, delete_unloaded=delete)
+            if cfg.model.full_finetune
+            else AdapterWatcher(pool, self.run_folder, adapter_prefix, delete_unloaded=delete)
         )
         self.groups_per_step = self.ocfg.batch_size // self.ocfg.rollouts_per_example
         self.advantages = GroupAdvantages(self.ocfg)  # imports advantage.fn, if any, now: errors show at start

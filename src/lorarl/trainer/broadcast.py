@@ -7,15 +7,14 @@ import json
 from pathlib import Path
 
 import peft
-from transformers import PreTrainedModel
 
 from lorarl.run_folder import UPDATED_AT, write_folder_atomically
 from lorarl.trainer.distributed import is_main_process
 from lorarl.trainer.fsdp import gathered_weights
-from lorarl.trainer.model import save_adapter
+from lorarl.trainer.model import TrainedModel, save_adapter
 
 
-def write_policy(model: PreTrainedModel | peft.PeftModel, folder: Path, updated_at: float | None = None) -> None:
+def write_policy(model: TrainedModel, folder: Path, updated_at: float | None = None) -> None:
     """The active adapter's adapter_model.safetensors + adapter_config.json (that vLLM and
     `PeftModel.from_pretrained` load), or every weight as save_pretrained writes them, renamed into
     place, then STABLE. Call it on every rank: a sharded model gathers its weights from all of them.

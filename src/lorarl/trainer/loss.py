@@ -45,9 +45,8 @@ from lorarl.trainer.batching import MicroBatch, TrainSample
 from lorarl.trainer.mismatch import mismatch_correction
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedModel
-
     # For annotations only: packing.py imports this module, which computes its logprobs.
+    from lorarl.trainer.model import TrainedModel
     from lorarl.trainer.packing import PackedBatch
 
 
@@ -257,7 +256,7 @@ def _custom_policy_term(
 
 
 def micro_batch_loss(
-    model: peft.PeftModel | PreTrainedModel, batch: MicroBatch | PackedBatch, cfg: LossConfig, norm: LossNorm
+    model: TrainedModel, batch: MicroBatch | PackedBatch, cfg: LossConfig, norm: LossNorm
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Forward one batch, padded or packed, and return `policy_loss` with the policy's mean entropy
     added to the stats. With kl_coef > 0 the base model scores the batch first, only then: it costs a

@@ -13,6 +13,8 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from lorarl.config.models import LoraConfig, ModelConfig
 
+TrainedModel = PreTrainedModel | peft.PeftModel  # every weight trained, or a LoRA adapter on a frozen base
+
 
 def load_model(cfg: ModelConfig) -> PreTrainedModel:
     model = AutoModelForCausalLM.from_pretrained(
@@ -35,9 +37,7 @@ def peft_lora_config(cfg: LoraConfig) -> peft.LoraConfig:
     )
 
 
-def apply_lora(
-    model: PreTrainedModel | peft.PeftModel, cfg: LoraConfig, adapter_name: str = "default"
-) -> peft.PeftModel:
+def apply_lora(model: TrainedModel, cfg: LoraConfig, adapter_name: str = "default") -> peft.PeftModel:
     """Wrap `model` with a trainable LoRA adapter named `adapter_name`: fresh (B = 0, so it starts as
     the base model) or loaded from `cfg.init_adapter`. Only adapter weights (and `modules_to_save`)
     require grad. A PeftModel gets the adapter added beside those it has ([[variants]]); the
@@ -102,7 +102,7 @@ def check_vllm_can_serve(model: peft.PeftModel) -> None:
             )
 
 
-def enable_gradient_checkpointing(model: PreTrainedModel | peft.PeftModel) -> None:
+def enable_gradient_checkpointing(model: TrainedModel) -> None:
     """Recompute each decoder layer's activations in the backward pass instead of keeping them.
 
     Non-reentrant checkpointing gives gradients to the LoRA weights inside a layer even though the

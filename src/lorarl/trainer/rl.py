@@ -24,9 +24,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import peft
 import torch
-from transformers import PreTrainedModel
 
 from lorarl.config.models import LossConfig, RLConfig
 from lorarl.monitor.metrics import MetricsLogger
@@ -36,6 +34,7 @@ from lorarl.trainer.broadcast import write_policy
 from lorarl.trainer.checkpoint import save_checkpoint
 from lorarl.trainer.loss import LossNorm, micro_batch_loss
 from lorarl.trainer.model import (
+    TrainedModel,
     apply_lora,
     check_vllm_can_serve,
     enable_gradient_checkpointing,
@@ -46,7 +45,6 @@ from lorarl.trainer.packing import PackedBatch
 from lorarl.trainer.skeleton import Model, PassLoss, Trainer, forward_backward_step
 
 log = logging.getLogger("lorarl.trainer")
-Policy = PreTrainedModel | peft.PeftModel  # the model trained: every weight, or a LoRA adapter
 
 
 def train(cfg: RLConfig) -> None:
@@ -138,11 +136,11 @@ def train_step(trainer: Trainer[Model], cfg: RLConfig, step: int, metrics: Metri
     )  # fmt: skip
 
 
-def rl_model(cfg: RLConfig) -> Policy:
+def rl_model(cfg: RLConfig) -> TrainedModel:
     """The base model with a LoRA adapter that vLLM can serve (the orchestrator hot-loads every
     version), or with model.full_finetune the model itself, every weight trained."""
     if cfg.model.full_finetune:
-        model: Policy = load_model(cfg.model)
+        model: TrainedModel = load_model(cfg.model)
     else:
         cfg.lora.check_for_rl()
         model = apply_lora(load_model(cfg.model), cfg.lora)
@@ -164,7 +162,9 @@ def train_sample(rollout: Rollout) -> TrainSample:
     )
 
 
-def policy_gradient_loss(model: Policy, samples: Sequence[TrainSample], cfg: LossConfig, loss_tokens: int) -> PassLoss:
+def policy_gradient_loss(
+    model: TrainedModel, samples: Sequence[TrainSample], cfg: LossConfig, loss_tokens: int
+) -> PassLoss:
     """The policy loss (loss.py) of one forward pass, as its share of the loss of the step's `samples`,
     and its stats: means over the pass's loss tokens weighted by its share of the step's
     `loss_tokens`, so that they add up over the passes of all ranks to the step's means."""

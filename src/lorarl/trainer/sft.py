@@ -20,9 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from peft import PeftModel
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-from transformers import AutoTokenizer, PreTrainedModel
+from transformers import AutoTokenizer
 
 from lorarl.config.models import ModelConfig, SFTConfig
 from lorarl.trainer.batching import MicroBatch, TrainSample
@@ -30,7 +29,7 @@ from lorarl.trainer.checkpoint import save_checkpoint
 from lorarl.trainer.distributed import DataParallel
 from lorarl.trainer.fsdp import gathered_weights
 from lorarl.trainer.loss import token_logprobs
-from lorarl.trainer.model import apply_lora, load_model
+from lorarl.trainer.model import TrainedModel, apply_lora, load_model
 from lorarl.trainer.packing import ForwardPasses, PackedBatch
 from lorarl.trainer.sft_data import DataOrder, load_sft_data
 from lorarl.trainer.skeleton import PassLoss, Trainer, forward_backward_step, rank_passes
@@ -95,7 +94,7 @@ def train(cfg: SFTConfig) -> Path:
     return final
 
 
-def sft_model(cfg: ModelConfig) -> PreTrainedModel | PeftModel:
+def sft_model(cfg: ModelConfig) -> TrainedModel:
     """With [model.lora] a LoRA adapter on the base model, without it the whole model, trained in full.
     Either saves itself with save_pretrained as the result folder."""
     base = load_model(cfg)

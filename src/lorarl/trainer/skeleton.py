@@ -23,8 +23,6 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import torch
-from peft import PeftModel
-from transformers import PreTrainedModel
 
 from lorarl.config.models import MonitorConfig, RLConfig, SFTConfig, TrainerConfig
 from lorarl.monitor.metrics import MetricsLogger
@@ -32,7 +30,7 @@ from lorarl.run_folder import RunFolder
 from lorarl.trainer.batching import MicroBatch, TrainSample
 from lorarl.trainer.checkpoint import discard_after, find_checkpoint, load_training_state, load_weights
 from lorarl.trainer.distributed import DataParallel, init_data_parallel
-from lorarl.trainer.model import parameter_summary, trainable_parameters
+from lorarl.trainer.model import TrainedModel, parameter_summary, trainable_parameters
 from lorarl.trainer.optim import build_optimizer, build_scheduler
 from lorarl.trainer.packing import ForwardPasses, PackedBatch, takes_explicit_mask
 
@@ -43,7 +41,7 @@ PassLoss = Callable[[MicroBatch | PackedBatch], tuple[torch.Tensor, dict[str, fl
 loss, and stats that add up over the step's passes and ranks to the step's values."""
 
 # The model a loop trains: a PEFT adapter on the base model, or the whole model (SFT without [model.lora]).
-Model = TypeVar("Model", bound=PreTrainedModel | PeftModel)
+Model = TypeVar("Model", bound=TrainedModel)
 
 
 @dataclass
