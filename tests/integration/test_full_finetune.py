@@ -4,6 +4,7 @@ the vLLM worker (started by `rl`, with lorarl's weight-reload extension) reloads
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -16,16 +17,34 @@ pytestmark = pytest.mark.integration
 TEMPERATURE = 0.7
 
 
+def full_config(tiny_model: Path, out: Path, max_steps: int) -> Path:
+    cfg = rl_config(tiny_model, out, "full", max_steps=max_steps, **{"inference.port": free_port()})
+    cfg["model"] = {"name": str(tiny_model), "full_finetune": True}
+    cfg["trainer"]["optim"]["lr"] = 3e-3  # a step that moves the logprobs well past numerical noise
+    cfg["trainer"]["ckpt"] = {"interval": 2}
+    cfg["orchestrator"]["delete_old_broadcasts"] = False  # the test reads every version
+    return write_config(cfg, out / f"rl-{max_steps}.json")
+
+
 @pytest.fixture(scope="module")
 def full_run(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("full")
-    cfg = rl_config(tiny_model, out, "full", **{"inference.port": free_port()})
-    cfg["model"] = {"name": str(tiny_model), "full_finetune": True}
-    cfg["trainer"]["optim"]["lr"] = 3e-3  # a step that moves the logprobs well past numerical noise
-    cfg["orchestrator"]["delete_old_broadcasts"] = False  # the test reads every version
-    result = run_rl(write_config(cfg, out / "rl.json"))
+    result = run_rl(full_config(tiny_model, out, max_steps=3))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return out / "full"
+
+
+def rollouts(run: Path, step: int) -> list[dict]:
+    return [json.loads(line) for line in (run / "rollouts" / f"step_{step}" / "rollouts.jsonl").open()]
+
+
+def vllm_distance(weights: Path, batch: list[dict]) -> float:
+    """Mean |logprob difference| between the model in `weights` and vLLM, over a batch's completions."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(weights)
+    vllm = torch.tensor([lp for r in batch for lp in r["completion_logprobs"]])
+    return (torch.cat([completion_logprobs(model, r) for r in batch]) - vllm).abs().mean().item()
 
 
 def completion_logprobs(model: torch.nn.Module, rollout: dict) -> torch.Tensor:
@@ -54,15 +73,10 @@ def test_every_version_is_a_whole_model_and_training_changes_every_kind_of_weigh
 def test_vllm_samples_each_batch_from_the_version_it_reloaded(full_run: Path) -> None:
     """Step 3's batch was sampled (max_async_level 0) by version 2: vLLM's logprobs of it are version
     2's, far from those of the starting weights, so the workers really serve the reloaded model."""
-    from transformers import AutoModelForCausalLM
-
-    rollouts = [json.loads(line) for line in (full_run / "rollouts" / "step_3" / "rollouts.jsonl").open()]
-    assert rollouts and all(r["policy_version"] == 2 for r in rollouts)
-    served = AutoModelForCausalLM.from_pretrained(full_run / "broadcasts" / "step_2")
-    start = AutoModelForCausalLM.from_pretrained(full_run / "broadcasts" / "step_0")
-    vllm = torch.tensor([lp for r in rollouts for lp in r["completion_logprobs"]])
-    to_served = (torch.cat([completion_logprobs(served, r) for r in rollouts]) - vllm).abs().mean().item()
-    to_start = (torch.cat([completion_logprobs(start, r) for r in rollouts]) - vllm).abs().mean().item()
+    batch = rollouts(full_run, 3)
+    assert batch and all(r["policy_version"] == 2 for r in batch)
+    to_served = vllm_distance(full_run / "broadcasts" / "step_2", batch)
+    to_start = vllm_distance(full_run / "broadcasts" / "step_0", batch)
     assert to_served < 1e-4 and to_start > 100 * to_served, (to_served, to_start)
 
 
@@ -71,3 +85,18 @@ def test_the_trainer_scores_what_vllm_sampled_at_every_step(full_run: Path) -> N
     assert [r["step"] for r in trainer] == [1, 2, 3]
     assert all(r["mismatch/logprob_abs_diff"] < 1e-4 for r in trainer), trainer
     assert all(r["grad_norm"] > 0 for r in trainer)
+
+
+def test_a_resumed_run_samples_from_the_checkpointed_weights(full_run: Path, tiny_model: Path, tmp_path: Path) -> None:
+    """`rl --resume` of a full fine-tuning run (a copy of it, the other tests read the original):
+    its fresh worker starts from the base model and must serve the checkpoint's weights instead."""
+    shutil.copytree(full_run, tmp_path / "full")
+    result = run_rl(full_config(tiny_model, tmp_path, max_steps=4), "--resume.step", "2")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    resumed = tmp_path / "full"
+    assert [r["step"] for r in metrics(resumed) if r["component"] == "trainer"] == [1, 2, 3, 4]
+    batch = rollouts(resumed, 3)
+    assert batch and all(r["policy_version"] == 2 for r in batch)
+    to_checkpoint = vllm_distance(full_run / "broadcasts" / "step_2", batch)
+    to_start = vllm_distance(full_run / "broadcasts" / "step_0", batch)
+    assert to_checkpoint < 1e-4 and to_start > 100 * to_checkpoint, (to_checkpoint, to_start)
