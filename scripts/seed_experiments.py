@@ -46,7 +46,7 @@ EXPERIMENTS: dict[str, dict[str, list[str]]] = {
     # LoRA (rank 8, alpha 32, the quickstart's) against full-parameter RL, each over lrs that reach past
     # its best: the same steps, batches and samples, so the same budget of rollouts.
     "full": {
-        **{f"LoRA rank 8, lr {lr}": ["--trainer.optim.lr", lr] for lr in ("2e-3", "6e-3", "2e-2")},
+        **{f"LoRA rank 8, lr {lr}": ["--trainer.optim.lr", lr] for lr in ("2e-4", "6e-4", "2e-3", "6e-3", "2e-2")},
         **{
             f"full fine-tuning, lr {lr}": [*FULL, "--trainer.optim.lr", lr]
             for lr in ("2e-5", "6e-5", "2e-4", "6e-4", "2e-3", "6e-3")
