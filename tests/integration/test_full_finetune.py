@@ -3,15 +3,16 @@ the vLLM worker (started by `rl`, with lorarl's weight-reload extension) reloads
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
+from lorarl.rollouts import Rollout, RolloutBatch
+from lorarl.run_folder import RunFolder
 from tests.conftest import free_port
-from tests.integration.helpers import metrics, rl_config, run_rl, write_config
+from tests.integration.helpers import metrics, rl_config, run_rl, steps_logged, write_config
 
 pytestmark = pytest.mark.integration
 TEMPERATURE = 0.7
@@ -34,22 +35,22 @@ def full_run(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
     return out / "full"
 
 
-def rollouts(run: Path, step: int) -> list[dict]:
-    return [json.loads(line) for line in (run / "rollouts" / f"step_{step}" / "rollouts.jsonl").open()]
+def rollouts(run: Path, step: int) -> list[Rollout]:
+    return RolloutBatch.read(RunFolder(run).rollouts(step), step).rollouts
 
 
-def vllm_distance(weights: Path, batch: list[dict]) -> float:
+def vllm_distance(weights: Path, batch: list[Rollout]) -> float:
     """Mean |logprob difference| between the model in `weights` and vLLM, over a batch's completions."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(weights)
-    vllm = torch.tensor([lp for r in batch for lp in r["completion_logprobs"]])
+    vllm = torch.tensor([lp for r in batch for lp in r.completion_logprobs])
     return (torch.cat([completion_logprobs(model, r) for r in batch]) - vllm).abs().mean().item()
 
 
-def completion_logprobs(model: torch.nn.Module, rollout: dict) -> torch.Tensor:
+def completion_logprobs(model: torch.nn.Module, rollout: Rollout) -> torch.Tensor:
     """The model's logprobs of the rollout's completion tokens at the sampling temperature."""
-    prompt, completion = rollout["prompt_ids"], rollout["completion_ids"]
+    prompt, completion = rollout.prompt_ids, rollout.completion_ids
     with torch.no_grad():
         logits = model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1]
     logprobs = torch.log_softmax(logits.float() / TEMPERATURE, dim=-1)
@@ -74,7 +75,7 @@ def test_vllm_samples_each_batch_from_the_version_it_reloaded(full_run: Path) ->
     """Step 3's batch was sampled (max_async_level 0) by version 2: vLLM's logprobs of it are version
     2's, far from those of the starting weights, so the workers really serve the reloaded model."""
     batch = rollouts(full_run, 3)
-    assert batch and all(r["policy_version"] == 2 for r in batch)
+    assert batch and all(r.policy_version == 2 for r in batch)
     to_served = vllm_distance(full_run / "broadcasts" / "step_2", batch)
     to_start = vllm_distance(full_run / "broadcasts" / "step_0", batch)
     assert to_served < 1e-4 and to_start > 100 * to_served, (to_served, to_start)
@@ -94,9 +95,9 @@ def test_a_resumed_run_samples_from_the_checkpointed_weights(full_run: Path, tin
     result = run_rl(full_config(tiny_model, tmp_path, max_steps=4), "--resume.step", "2")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     resumed = tmp_path / "full"
-    assert [r["step"] for r in metrics(resumed) if r["component"] == "trainer"] == [1, 2, 3, 4]
+    assert steps_logged(resumed, "trainer") == [1, 2, 3, 4]
     batch = rollouts(resumed, 3)
-    assert batch and all(r["policy_version"] == 2 for r in batch)
+    assert batch and all(r.policy_version == 2 for r in batch)
     to_checkpoint = vllm_distance(full_run / "broadcasts" / "step_2", batch)
     to_start = vllm_distance(full_run / "broadcasts" / "step_0", batch)
     assert to_checkpoint < 1e-4 and to_start > 100 * to_checkpoint, (to_checkpoint, to_start)
