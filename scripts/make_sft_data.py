@@ -9,6 +9,11 @@ record holds every turn (`sft` trains on all assistant turns). An environment wi
 search) plays its reference tool calls, so the record holds the real `tool` results, and the record
 carries the tool schemas as "tools" (the Hugging Face convention), which `sft` shows the model
 through the chat template as `rl` does.
+
+--guess-frac F (environments with tools): a fraction F of the records answer at once, without a
+tool call, with another example's answer (its last reference turn). It stands in for a base model
+that sometimes answers from memory, and wrongly, instead of looking things up: the warm-up then
+holds both behaviours, and RL has to find out that the tools pay (configs/search/).
 """
 
 from __future__ import annotations
@@ -51,6 +56,23 @@ def record(env: Environment, example: Example) -> dict[str, Any]:
     return {"messages": reference_episode(env, example)} | ({"tools": tools} if tools is not None else {})
 
 
+def guess_record(env: Environment, example: Example, other: Example) -> dict[str, Any]:
+    """A record that answers `example` at once, without tools, with `other`'s answer (a wrong guess
+    unless the two share it): the prompt, then `other`'s last reference turn."""
+    guess = {"role": "assistant", "content": env.solutions(other)[-1]}
+    return {"messages": [*env.prompt(example), guess], "tools": env.tool_schemas()}
+
+
+def records(env: Environment, num: int, guess_frac: float, seed: int) -> list[dict[str, Any]]:
+    """`num` warm-up records; with `guess_frac`, that fraction of them (drawn at random) guesses."""
+    rng = random.Random(seed)
+    examples = list(islice(env.examples(rng), num))
+    return [
+        guess_record(env, example, rng.choice(examples)) if rng.random() < guess_frac else record(env, example)
+        for example in examples
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--env", default="reverse_text")
@@ -58,12 +80,19 @@ def main() -> None:
     parser.add_argument("--num", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--out", type=Path, required=True, help="a .jsonl or .parquet file")
+    parser.add_argument(
+        "--guess-frac", type=float, default=0.0, help="fraction of records that answer without tools, wrongly"
+    )
     args = parser.parse_args()
     if args.out.suffix not in (".jsonl", ".parquet"):
         parser.error(f"--out must end in .jsonl or .parquet, got {args.out}")
+    if not 0.0 <= args.guess_frac < 1.0:
+        parser.error(f"--guess-frac must be in [0, 1), got {args.guess_frac}")
     env = load_environment(args.env, json.loads(args.args))
+    if args.guess_frac and env.tool_schemas() is None:
+        parser.error(f"--guess-frac is for environments with tools; {args.env} has none")
     try:
-        records = [record(env, example) for example in islice(env.examples(random.Random(args.seed)), args.num)]
+        data = records(env, args.num, args.guess_frac, args.seed)
     except NotImplementedError as e:
         parser.error(str(e))
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -71,10 +100,10 @@ def main() -> None:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        pq.write_table(pa.Table.from_pylist(records), args.out)
+        pq.write_table(pa.Table.from_pylist(data), args.out)
     else:
-        args.out.write_text("".join(json.dumps(r) + "\n" for r in records))
-    print(f"wrote {len(records)} {args.env} conversations to {args.out}")
+        args.out.write_text("".join(json.dumps(r) + "\n" for r in data))
+    print(f"wrote {len(data)} {args.env} conversations to {args.out}")
 
 
 if __name__ == "__main__":

@@ -25,9 +25,9 @@ from tests.unit.orchestrator.envs.env_play import play_and_score
 ARGS = {"min_turns": 3, "max_turns": 3, "min_names_per_turn": 1, "max_names_per_turn": 2}
 
 
-def make_data(out: Path, env: str, args: dict[str, Any], num: int = 4) -> list[dict[str, Any]]:
+def make_data(out: Path, env: str, args: dict[str, Any], num: int = 4, *flags: str) -> list[dict[str, Any]]:
     cmd = [sys.executable, str(REPO / "scripts" / "make_sft_data.py"), "--env", env, "--args", json.dumps(args),
-           "--num", str(num), "--out", str(out)]  # fmt: skip
+           "--num", str(num), "--out", str(out), *flags]  # fmt: skip
     subprocess.run(cmd, check=True, capture_output=True)
     return [json.loads(line) for line in out.read_text().splitlines()]
 
@@ -81,6 +81,39 @@ def test_tool_warmup_episodes_are_whole_tool_episodes_with_their_schemas(
         episode, scores = play_and_score(env, example, turns)
         assert episode.messages == messages
         assert scores["reward"] == 1.0 and scores["used_tools"] == 1.0 and scores["tool_malformed"] == 0.0
+
+
+def test_guessing_warmup_records_answer_at_once_with_another_questions_answer(tmp_path: Path) -> None:
+    """--guess-frac: that share of the records answer without a tool call, with another document's
+    answer (wrong, so reward 0, unless it drew its own); the rest stay whole correct episodes."""
+    args = {"max_turns": 3, "top_k": 2}
+    env = load_environment("search", args)
+    records = make_data(tmp_path / "search.jsonl", "search", args, 400, "--guess-frac", "0.3")
+    guesses = [r for r in records if len(r["messages"]) == 3]
+    assert 0.2 < len(guesses) / len(records) < 0.4
+    answers = {d.answer for d in DOCUMENTS}
+    wrong = 0
+    for record in guesses:
+        assert record["tools"] == env.tool_schemas()
+        system, question, guess = record["messages"]
+        assert [system["role"], question["role"], guess["role"]] == ["system", "user", "assistant"]
+        example = search_example(question["content"])
+        assert guess["content"].removeprefix("<answer>").removesuffix("</answer>") in answers
+        scores = asyncio.run(env.score(Episode(example, record["messages"])))
+        right = guess["content"] == f"<answer>{example['answer']}</answer>"
+        assert scores["used_tools"] == 0.0 and scores["answer_match"] == float(right)
+        wrong += not right
+    assert wrong > 0.8 * len(guesses)  # drawn from all the questions, a guess is rarely its own answer
+    assert all(len(r["messages"]) == 5 for r in records if r not in guesses)
+
+
+def test_guessing_needs_an_environment_with_tools(tmp_path: Path) -> None:
+    cmd = [sys.executable, str(REPO / "scripts" / "make_sft_data.py"), "--env", "reverse_text", "--guess-frac", "0.3",
+           "--out", str(tmp_path / "r.jsonl")]  # fmt: skip
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "--guess-frac is for environments with tools; reverse_text has none" in result.stderr
+    assert not (tmp_path / "r.jsonl").exists()
 
 
 def test_an_environment_without_solutions_is_one_line(tmp_path: Path) -> None:
