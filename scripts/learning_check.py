@@ -3,6 +3,7 @@
 python scripts/learning_check.py                      # every recipe
 python scripts/learning_check.py alphabet_sort math   # some
 python scripts/learning_check.py math --keep-warmup   # rl.toml again, from the warm-up already there
+python scripts/learning_check.py calculator --control # and the warm-up policy on the same examples
 
 A recipe is a folder of configs/ with an `sft.toml` (a supervised warm-up of the tiny local model on
 reference episodes, standing in for the pretraining a real base model has) and an `rl.toml` that
@@ -11,6 +12,10 @@ are missing (the data with the exact environment args of rl.toml), runs `sft`, t
 --overwrite (their runs are the recipes' own folders under outputs/), and reads metrics.jsonl:
 the mean reward of the first and last 10 steps, evals (avg@k, pass@k) of the starting and the final
 policy, and wall times. The markdown table it prints is the README's "Learning" table.
+
+--control runs rl.toml a second time with lr 1e-12 (run `<run_name>-control`): the warm-up policy,
+unchanged, on the same example stream. Where the reward depends much on the example, the first and
+last 10 steps differ without any learning; the row beside it tells how much.
 
 A benchmark to rerun by hand, not a test: it takes tens of minutes on a laptop CPU.
 """
@@ -30,6 +35,9 @@ from run_steps import BIN, REPO, ensure_local_model, run_logged
 from lorarl.monitor.summary import RunSummary, only, summarize
 
 WINDOW = 10
+CONTROL_LR = "1e-12"  # the adapter moves by ~1e-12: the warm-up's policy, through the same loop
+# Warm-up data flags beyond the environment's own args, per recipe (each sft.toml's header shows its command).
+DATA_FLAGS = {"search": ["--guess-frac", "0.3"]}
 
 
 @dataclass
@@ -49,7 +57,7 @@ def read_toml(path: Path) -> dict[str, Any]:
         return tomllib.load(f)
 
 
-def make_data(sft: dict[str, Any], rl: dict[str, Any], logs: Path) -> None:
+def make_data(recipe: str, sft: dict[str, Any], rl: dict[str, Any], logs: Path) -> None:
     """The warm-up data of sft.toml's data.path, drawn with rl.toml's environment and args: at least
     an epoch of the warm-up, so that it sees each example about once."""
     path = REPO / sft["data"]["path"]
@@ -57,22 +65,31 @@ def make_data(sft: dict[str, Any], rl: dict[str, Any], logs: Path) -> None:
         return
     (env,) = rl["orchestrator"]["env"]
     cmd = [sys.executable, "scripts/make_sft_data.py", "--env", env["id"], "--args", json.dumps(env.get("args", {})),
-           "--num", str(max(4000, sft["max_steps"] * sft["batch_size"])), "--out", str(path)]  # fmt: skip
+           "--num", str(max(4000, sft["max_steps"] * sft["batch_size"])), "--out", str(path),
+           *DATA_FLAGS.get(recipe, [])]  # fmt: skip
     run_logged(cmd, logs / f"data-{env['id']}.log")
 
 
-def check(recipe: str, logs: Path, keep_warmup: bool) -> Result:
+def check(recipe: str, logs: Path, keep_warmup: bool, control: bool) -> list[Result]:
+    """The recipe's row, and with `control` the row of its run at CONTROL_LR."""
     folder = REPO / "configs" / recipe
     sft, rl = read_toml(folder / "sft.toml"), read_toml(folder / "rl.toml")
     warmed_up = (REPO / rl["model"]["name"] / "config.json").exists()
     sft_s = 0.0
     if not (keep_warmup and warmed_up):
         ensure_local_model(logs, sft["model"]["name"])
-        make_data(sft, rl, logs)
+        make_data(recipe, sft, rl, logs)
         sft_cmd = [str(BIN / "sft"), "@", f"configs/{recipe}/sft.toml", "--overwrite"]
         sft_s = run_logged(sft_cmd, logs / f"{recipe}-sft.log")
-    rl_s = run_logged([str(BIN / "rl"), "@", f"configs/{recipe}/rl.toml", "--overwrite"], logs / f"{recipe}-rl.log")
-    return Result(recipe, sft_s, rl_s, only(summarize(REPO / rl["output_dir"] / rl["run_name"], WINDOW)))
+    rl_cmd = [str(BIN / "rl"), "@", f"configs/{recipe}/rl.toml", "--overwrite"]
+    rl_s = run_logged(rl_cmd, logs / f"{recipe}-rl.log")
+    results = [Result(recipe, sft_s, rl_s, only(summarize(REPO / rl["output_dir"] / rl["run_name"], WINDOW)))]
+    if control:
+        name = f"{rl['run_name']}-control"
+        control_s = run_logged([*rl_cmd, "--run-name", name, "--trainer.optim.lr", CONTROL_LR], logs / f"{name}.log")
+        run = only(summarize(REPO / rl["output_dir"] / name, WINDOW))
+        results.append(Result(f"{recipe}, control (lr {CONTROL_LR})", 0.0, control_s, run))
+    return results
 
 
 def table(results: list[Result]) -> str:
@@ -97,15 +114,17 @@ def main() -> None:
     parser.add_argument(
         "--keep-warmup", action="store_true", help="reuse a recipe's warmed-up model if it is there (to tune rl.toml)"
     )
+    parser.add_argument("--control", action="store_true", help=f"also run each rl.toml at lr {CONTROL_LR}")
     args = parser.parse_args()
     unknown = sorted(set(args.recipe) - set(recipes()))
     if unknown:
         parser.error(f"no recipe {', '.join(unknown)}: the recipes are {', '.join(recipes())}")
     args.logs.mkdir(parents=True, exist_ok=True)
-    results = []
+    results: list[Result] = []
     for recipe in args.recipe or recipes():
-        results.append(check(recipe, args.logs, args.keep_warmup))
-        print(table(results[-1:]), flush=True)
+        rows = check(recipe, args.logs, args.keep_warmup, args.control)
+        print(table(rows), flush=True)
+        results += rows
     print("\n" + table(results))
     (args.logs / "table.md").write_text(table(results) + "\n")
 
