@@ -36,8 +36,11 @@ def test_batches_never_lag_more_than_max_async_level(
     assert min(lags) >= 0 and max(lags) <= level, lags
     # Sampling really runs ahead: the first batches are sampled before the trainer has stepped.
     assert max(lags) == level
+    # The trainer logs the lag of what it trained on; a step whose groups all had zero advantage
+    # trains on an empty batch (skip_zero_advantage) and logs none.
     trainer = [r for r in metrics(tmp_path / f"async{level}") if r["component"] == "trainer"]
-    assert max(r["policy_lag/max"] for r in trainer) == level
+    assert all(("policy_lag/max" in r) == (r["samples"] > 0) for r in trainer)
+    assert max(r["policy_lag/max"] for r in trainer if r["samples"] > 0) == level
     # Old adapter folders are deleted once unloaded; the final version stays.
     assert sorted(p.name for p in (tmp_path / f"async{level}" / "broadcasts").iterdir()) == [f"step_{steps}"]
 
