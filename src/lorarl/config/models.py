@@ -425,7 +425,8 @@ class EnvConfig(Section):
 
 class EvalConfig(Section):
     interval: int = Field(10, ge=1)
-    """Evaluate policy versions 0, interval, 2 * interval, ... and the last."""
+    """Evaluate policy versions 0, interval, 2 * interval, ... and the last, each in the background
+    while training goes on (a run ends once its last eval is done)."""
     num_examples: int = Field(16, ge=1)
     """Held-out examples per environment, the same at every eval."""
     rollouts_per_example: int = Field(4, ge=1)

@@ -39,6 +39,8 @@ def _summarize(run: Run, path: Path, window: int) -> RunSummary:
         raise ValueError(f"{path}: no orchestrator step with reward/mean in its metrics")
     evals = {}
     for metric in run.metrics.get("eval", {}):
+        if not metric.startswith("eval/"):
+            continue  # the eval's own time/eval
         _, values = run.series("eval", metric)
         evals[metric] = (values[0], values[-1])
     _, grad_norms = run.series("trainer", "grad_norm")

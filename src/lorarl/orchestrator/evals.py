@@ -1,11 +1,15 @@
 """Evals: the policy on held-out examples of every environment, k rollouts each.
 
 avg@k is the mean reward over all rollouts; pass@k the mean over examples of the best of the k
-rewards (for 0/1 rewards, the fraction of examples solved at least once in k tries).
+rewards (for 0/1 rewards, the fraction of examples solved at least once in k tries). The groups of
+an eval play concurrently, up to MAX_GROUPS_IN_FLIGHT at a time, so that vLLM batches them: played
+one by one, the last eval of 256 unscramble examples kept a 2-core run going 44 s after its last
+step, and 10 s so.
 """
 
 from __future__ import annotations
 
+import asyncio
 import random
 import statistics
 from collections.abc import Awaitable, Callable
@@ -16,6 +20,9 @@ from lorarl.orchestrator.envs.base import Environment, Example
 
 # (env, example, n) -> the n rewards of one group, played with the newest policy.
 PlayRewards = Callable[[Environment, Example, int], Awaitable[list[float]]]
+# Bounded, so that a large eval set neither floods the inference client's connection pool (where a
+# wait counts toward the request timeout) nor crowds out the training rollouts.
+MAX_GROUPS_IN_FLIGHT = 16
 
 
 class Evaluator:
@@ -37,9 +44,15 @@ class Evaluator:
 
     async def run(self, version: int, play: PlayRewards) -> dict[str, float]:
         k = self.cfg.rollouts_per_example
+        gate = asyncio.Semaphore(MAX_GROUPS_IN_FLIGHT)
+
+        async def play_gated(env: Environment, example: Example) -> list[float]:
+            async with gate:
+                return await play(env, example, k)
+
         metrics: dict[str, float] = {}
         for env, examples in self.sets:
-            groups = [await play(env, example, k) for example in examples]
+            groups = await asyncio.gather(*(play_gated(env, example) for example in examples))
             metrics[f"eval/{env.name}/avg@{k}"] = statistics.fmean(r for g in groups for r in g)
             metrics[f"eval/{env.name}/pass@{k}"] = statistics.fmean(max(g) for g in groups)
         return metrics

@@ -323,12 +323,15 @@ class Orchestrator:
         async def rewards(env: Environment, example: Example, n: int) -> list[float]:
             return [score["reward"] for score in (await self.play_group(env, example, n, version)).scores]
 
+        start = time.monotonic()
         try:
             results = await evaluator.run(version, rewards)
         finally:
             await self.watcher.release(version)
-        metrics.log(version, results)
-        log.info("eval of policy %d: %s", version, ", ".join(f"{k} {v:.3f}" for k, v in results.items()))
+        seconds = time.monotonic() - start
+        metrics.log(version, results | {"time/eval": seconds})
+        scores = ", ".join(f"{k} {v:.3f}" for k, v in results.items())
+        log.info("eval of policy %d: %s (%.1f s)", version, scores, seconds)
 
     async def close(self) -> None:
         """Stop what still runs (after an error, or groups sampled beyond the last step) and close."""

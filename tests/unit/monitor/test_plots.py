@@ -44,7 +44,8 @@ def rl_rows(steps: int, learn: float, evals: bool) -> list[dict[str, Any]]:
                      "time/checkpoint": 0.0, "time/step": 0.95 + learn})  # fmt: skip
     if evals:
         rows += [{"step": version, "component": "eval", "eval/reverse_text/avg@4": 0.2 + learn * version,
-                  "eval/reverse_text/pass@4": 0.4 + learn * version} for version in (0, 2, 4)]  # fmt: skip
+                  "eval/reverse_text/pass@4": 0.4 + learn * version, "time/eval": 3.0}
+                 for version in (0, 2, 4)]  # fmt: skip
     return rows
 
 

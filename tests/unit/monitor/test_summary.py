@@ -18,6 +18,7 @@ def test_summary_of_a_learning_run(tmp_path: Path) -> None:
     assert s.reward_first == pytest.approx((0.3 + 0.4) / 2)  # steps 1, 2: 0.2 + 0.1 * step
     assert s.reward_last == pytest.approx((0.7 + 0.8) / 2)
     assert s.evals["eval/reverse_text/avg@4"] == pytest.approx((0.2, 0.6))  # versions 0 and 4
+    assert set(s.evals) == {"eval/reverse_text/avg@4", "eval/reverse_text/pass@4"}  # not time/eval
     assert s.eval_change("pass@") == "0.400 → 0.800"
     assert s.grad_norm == pytest.approx(sum(1 / k + 0.1 for k in range(1, 7)) / 6)
     assert s.step_time == pytest.approx(1.05)
