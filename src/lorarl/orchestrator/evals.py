@@ -4,7 +4,7 @@ avg@k is the mean reward over all rollouts; pass@k the mean over examples of the
 rewards (for 0/1 rewards, the fraction of examples solved at least once in k tries). The groups of
 an eval play concurrently, up to MAX_GROUPS_IN_FLIGHT at a time, so that vLLM batches them: played
 one by one, the last eval of 256 unscramble examples kept a 2-core run going 44 s after its last
-step, and 10 s so.
+step; played concurrently, 10 s.
 """
 
 from __future__ import annotations
