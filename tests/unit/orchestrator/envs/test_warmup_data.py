@@ -107,12 +107,23 @@ def test_guessing_warmup_records_answer_at_once_with_another_questions_answer(tm
     assert all(len(r["messages"]) == 5 for r in records if r not in guesses)
 
 
-def test_guessing_needs_an_environment_with_tools(tmp_path: Path) -> None:
-    cmd = [sys.executable, str(REPO / "scripts" / "make_sft_data.py"), "--env", "reverse_text", "--guess-frac", "0.3",
+def test_no_tools_records_are_the_same_episodes_without_the_schemas(tmp_path: Path) -> None:
+    """--no-tools (calculator's first warm-up stage): the same episodes, and no "tools", so the chat
+    template renders them without its tools block."""
+    args = {"terms": 2, "max_value": 999}
+    with_tools = make_data(tmp_path / "with.jsonl", "calculator", args, 8)
+    without = make_data(tmp_path / "without.jsonl", "calculator", args, 8, "--no-tools")
+    assert [r["messages"] for r in without] == [r["messages"] for r in with_tools]
+    assert all("tools" in r for r in with_tools) and not any("tools" in r for r in without)
+
+
+@pytest.mark.parametrize("flags", [["--guess-frac", "0.3"], ["--no-tools"]], ids=lambda f: f[0])
+def test_tool_flags_need_an_environment_with_tools(tmp_path: Path, flags: list[str]) -> None:
+    cmd = [sys.executable, str(REPO / "scripts" / "make_sft_data.py"), "--env", "reverse_text", *flags,
            "--out", str(tmp_path / "r.jsonl")]  # fmt: skip
     result = subprocess.run(cmd, capture_output=True, text=True)
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert "--guess-frac is for environments with tools; reverse_text has none" in result.stderr
+    assert f"{flags[0]} is for environments with tools; reverse_text has none" in result.stderr
     assert not (tmp_path / "r.jsonl").exists()
 
 
