@@ -7,9 +7,11 @@ python scripts/learning_check.py calculator --control # and the warm-up policy o
 
 A recipe is a folder of configs/ with an `sft.toml` (a supervised warm-up of the tiny local model on
 reference episodes, standing in for the pretraining a real base model has) and an `rl.toml` that
-starts from its output. For each one this script builds the tiny model and the warm-up data if they
-are missing (the data with the exact environment args of rl.toml), runs `sft`, then `rl`, both with
---overwrite (their runs are the recipes' own folders under outputs/), and reads metrics.jsonl:
+starts from its output. A warm-up may come in stages: where sft.toml's model is the result of another
+`sft*.toml` of the folder (configs/calculator/sft_copy.toml), that one runs first. For each recipe
+this script builds the tiny model and the warm-up data if they are missing (the data with the exact
+environment args of rl.toml), runs each `sft` stage, then `rl`, all with --overwrite (their runs are
+the recipes' own folders under outputs/), and reads metrics.jsonl:
 the mean reward of the first and last 10 steps, evals (avg@k, pass@k) of the starting and the final
 policy, and wall times. The markdown table it prints is the README's "Learning" table.
 
@@ -36,8 +38,8 @@ from lorarl.monitor.summary import RunSummary, only, summarize
 
 WINDOW = 10
 CONTROL_LR = "1e-12"  # the adapter moves by ~1e-12: the warm-up's policy, through the same loop
-# Warm-up data flags beyond the environment's own args, per recipe (each sft.toml's header shows its command).
-DATA_FLAGS = {"search": ["--guess-frac", "0.3"]}
+# Warm-up data flags beyond the environment's own args, per warm-up config (each one's header shows its command).
+DATA_FLAGS = {"search/sft.toml": ["--guess-frac", "0.3"], "calculator/sft_copy.toml": ["--no-tools"]}
 
 
 @dataclass
@@ -57,30 +59,52 @@ def read_toml(path: Path) -> dict[str, Any]:
         return tomllib.load(f)
 
 
-def make_data(recipe: str, sft: dict[str, Any], rl: dict[str, Any], logs: Path) -> None:
-    """The warm-up data of sft.toml's data.path, drawn with rl.toml's environment and args: at least
-    an epoch of the warm-up, so that it sees each example about once."""
+def final_model(config: dict[str, Any]) -> str:
+    """Where a run of `config` writes its result, as a config's [model] name would point to it."""
+    return f"{config.get('output_dir', 'outputs')}/{config['run_name']}/final"
+
+
+def warmup_stages(folder: Path) -> list[Path]:
+    """The recipe's `sft*.toml` in the order they run: sft.toml last, each stage after the one whose
+    result its [model] name is."""
+    made_by = {final_model(read_toml(p)): p for p in folder.glob("sft*.toml")}
+    stages = [folder / "sft.toml"]
+    while (before := made_by.get(read_toml(stages[0])["model"]["name"])) and before not in stages:
+        stages.insert(0, before)
+    return stages
+
+
+def make_data(stage: Path, sft: dict[str, Any], rl: dict[str, Any], logs: Path) -> None:
+    """The warm-up data of a stage's data.path, drawn with rl.toml's environment and args: at least
+    an epoch of the stage, so that it sees each example about once."""
     path = REPO / sft["data"]["path"]
     if path.exists():
         return
     (env,) = rl["orchestrator"]["env"]
     cmd = [sys.executable, "scripts/make_sft_data.py", "--env", env["id"], "--args", json.dumps(env.get("args", {})),
            "--num", str(max(4000, sft["max_steps"] * sft["batch_size"])), "--out", str(path),
-           *DATA_FLAGS.get(recipe, [])]  # fmt: skip
-    run_logged(cmd, logs / f"data-{env['id']}.log")
+           *DATA_FLAGS.get(f"{stage.parent.name}/{stage.name}", [])]  # fmt: skip
+    run_logged(cmd, logs / f"data-{path.stem}.log")
+
+
+def warm_up(folder: Path, rl: dict[str, Any], logs: Path) -> float:
+    """Run the recipe's warm-up, stage by stage, as a user would; its wall time in seconds."""
+    seconds = 0.0
+    for stage in warmup_stages(folder):
+        sft = read_toml(stage)
+        ensure_local_model(logs, sft["model"]["name"])
+        make_data(stage, sft, rl, logs)
+        sft_cmd = [str(BIN / "sft"), "@", str(stage.relative_to(REPO)), "--overwrite"]
+        seconds += run_logged(sft_cmd, logs / f"{folder.name}-{stage.stem}.log")
+    return seconds
 
 
 def check(recipe: str, logs: Path, keep_warmup: bool, control: bool) -> list[Result]:
     """The recipe's row, and with `control` the row of its run at CONTROL_LR."""
     folder = REPO / "configs" / recipe
-    sft, rl = read_toml(folder / "sft.toml"), read_toml(folder / "rl.toml")
+    rl = read_toml(folder / "rl.toml")
     warmed_up = (REPO / rl["model"]["name"] / "config.json").exists()
-    sft_s = 0.0
-    if not (keep_warmup and warmed_up):
-        ensure_local_model(logs, sft["model"]["name"])
-        make_data(recipe, sft, rl, logs)
-        sft_cmd = [str(BIN / "sft"), "@", f"configs/{recipe}/sft.toml", "--overwrite"]
-        sft_s = run_logged(sft_cmd, logs / f"{recipe}-sft.log")
+    sft_s = 0.0 if keep_warmup and warmed_up else warm_up(folder, rl, logs)
     rl_cmd = [str(BIN / "rl"), "@", f"configs/{recipe}/rl.toml", "--overwrite"]
     rl_s = run_logged(rl_cmd, logs / f"{recipe}-rl.log")
     results = [Result(recipe, sft_s, rl_s, only(summarize(REPO / rl["output_dir"] / rl["run_name"], WINDOW)))]
