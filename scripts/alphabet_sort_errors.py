@@ -4,7 +4,7 @@ account of why RL barely moves that recipe.
 .venv/bin/python scripts/alphabet_sort_errors.py outputs/alphabet_sort-sft/final
 .venv/bin/python scripts/alphabet_sort_errors.py outputs/alphabet_sort-sft/final --temperature 0   # greedy
 
-It plays --num episodes of the environment (rl.toml's args by default) with the model through
+It plays --num episodes of the environment (configs/alphabet_sort/rl.toml's args by default) with the model through
 transformers (no vLLM: a census, not a benchmark), each turn's answer fed back as `rl` does, and
 prints the mean reward and, per turn, how many answers were exactly right or wrong in one way:
 "foreign" (a name that is not among the episode's, e.g. a first name bound to another last name),
@@ -17,7 +17,10 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import tomllib
 from collections import Counter
+from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
@@ -25,7 +28,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from lorarl.orchestrator.envs.alphabet_sort import NEW_MARK, AlphabetSort, _lines, turn_similarity
 from lorarl.orchestrator.envs.base import Episode
 
-RL_ARGS = {"min_turns": 2, "max_turns": 2, "min_names_per_turn": 1, "max_names_per_turn": 2}  # rl.toml's
+RL_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "alphabet_sort" / "rl.toml"
+
+
+def recipe_args() -> dict[str, Any]:
+    """The environment args of the recipe's rl.toml, the task its warm-up was made for."""
+    with open(RL_CONFIG, "rb") as f:
+        (env,) = tomllib.load(f)["orchestrator"]["env"]
+    return dict(env.get("args", {}))
 
 
 def turn_error(answer: str, expected: str) -> str:
@@ -76,13 +86,18 @@ def main() -> None:
     parser.add_argument("model")
     parser.add_argument("--num", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=1.0, help="0: the likeliest token each time")
-    parser.add_argument("--args", type=json.loads, default=RL_ARGS, help="the environment's args, as JSON")
+    parser.add_argument("--args", type=json.loads, help="the environment's args, as JSON (default: rl.toml's)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    if not (Path(args.model) / "config.json").is_file():
+        parser.error(f"{args.model}: no model folder (config.json) there")
+    try:
+        env = AlphabetSort(**(recipe_args() if args.args is None else args.args))
+    except (TypeError, ValueError) as e:
+        parser.error(f"--args: {e}")
     torch.manual_seed(args.seed)
     tok = AutoTokenizer.from_pretrained(args.model, padding_side="left")
     model = AutoModelForCausalLM.from_pretrained(args.model).eval()
-    env = AlphabetSort(**args.args)
     examples = env.examples(random.Random(args.seed))
     episodes = [Episode(ex, env.prompt(ex)) for ex in (next(examples) for _ in range(args.num))]
     play(env, model, tok, episodes, args.temperature)
@@ -91,9 +106,10 @@ def main() -> None:
     print(f"mean reward {sum(turn_similarity(e) for e in episodes) / len(episodes):.3f} over {args.num} episodes")
     for turn in sorted({t for t, _ in census}):
         print(f"turn {turn}: " + ", ".join(f"{kind} {n}" for (t, kind), n in sorted(census.items()) if t == turn))
-    names = Counter(kind for e in episodes for kind in names_listed(e))
-    print(f"names right in turns after the first: {names['old', True]} of {sum(names[('old', b)] for b in (0, 1))} "
-          f"listed before, {names['new', True]} of {sum(names[('new', b)] for b in (0, 1))} new")  # fmt: skip
+    listed = [kind_right for e in episodes for kind_right in names_listed(e)]
+    right, total = Counter(k for k, ok in listed if ok), Counter(k for k, _ in listed)
+    print(f"names right in turns after the first: {right['old']} of {total['old']} listed before, "
+          f"{right['new']} of {total['new']} new")  # fmt: skip
 
 
 if __name__ == "__main__":
