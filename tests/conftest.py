@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -29,16 +30,22 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_tiny_model(tmp_path_factory.mktemp("models") / "tiny-qwen3")
 
 
+# Ports handed to vLLM come from below the kernel's ephemeral range (32768..60999 by default) and above
+# Ray's worker ports (10002..19999): a port the OS picked with bind(0) can be given again to any
+# outgoing connection or Ray process before vLLM binds it (a CI run failed so: "Address already in use").
+TEST_PORTS = range(20000, 32768)
+
+
 def free_port(consecutive: int = 1) -> int:
-    """A port p such that p .. p + consecutive - 1 are all free (worker i listens on port + i)."""
+    """A port p such that p .. p + consecutive - 1 are all free on every address (worker i listens on
+    port + i)."""
+    pick = random.SystemRandom()  # not the seeded `random` of a test
     while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
+        port = pick.randrange(TEST_PORTS.start, TEST_PORTS.stop - consecutive)
         try:
             for p in range(port, port + consecutive):
                 with socket.socket() as s:
-                    s.bind(("127.0.0.1", p))
+                    s.bind(("", p))
             return port
         except OSError:
             continue
