@@ -1,5 +1,5 @@
-"""What a warmed-up alphabet_sort model gets wrong, turn by turn: the evidence behind the README's
-account of why RL barely moves that recipe.
+"""What a warmed-up alphabet_sort model gets wrong, turn by turn, sampling and taking the likeliest
+token: how much room a warm-up leaves RL (README "Learning on a CPU").
 
 .venv/bin/python scripts/alphabet_sort_errors.py outputs/alphabet_sort-sft/final
 .venv/bin/python scripts/alphabet_sort_errors.py outputs/alphabet_sort-sft/final --temperature 0   # greedy
