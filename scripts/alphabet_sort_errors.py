@@ -66,11 +66,11 @@ def play(
     env: AlphabetSort, model: PreTrainedModel, tok: PreTrainedTokenizerBase, episodes: list[Episode], temperature: float
 ) -> None:
     """Each episode's turns, all episodes' same turn in one batch, appended to their messages."""
+    sampling = {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
     live = episodes
     while live:
         texts = [tok.apply_chat_template(e.messages, tokenize=False, add_generation_prompt=True) for e in live]
         batch = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-        sampling = {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
         with torch.no_grad():
             # transformers types generate() on its mixin, which mypy does not see through
             out = model.generate(**batch, **sampling, max_new_tokens=96, pad_token_id=tok.pad_token_id)  # type: ignore[operator]
