@@ -8,6 +8,16 @@ it like any other (vLLM's CPU attention needs head_dim >= 32, hence 32 by defaul
     python -m lorarl.tiny_model outputs/models/qwen3-24m --hidden-size 512 --num-layers 8 --head-dim 64
 
 The second is the 24M-parameter model of the throughput benchmark (scripts/benchmark_throughput.py).
+
+`--shape` builds a model of a published hub model's exact config (lorarl/model_shapes.py: Qwen3-0.6B,
+1.7B, 4B, ...) with random weights and this local tokenizer; its vocabulary stays the published one
+(151,936 for Qwen3), larger than the tokenizer's 259 tokens as real Qwen3's is larger than its own
+tokenizer. `--vocab-size` does the same for a small custom shape. The real-shape benchmarks
+(scripts/benchmark_shapes.py) and the GPU acceptance run (scripts/gpu_acceptance.sh) train these:
+
+    python -m lorarl.tiny_model outputs/models/qwen3-0.6b-random --shape Qwen/Qwen3-0.6B
+    python -m lorarl.tiny_model outputs/models/qwen3-4b-random --shape Qwen/Qwen3-4B --dtype bfloat16
+    python -m lorarl.tiny_model outputs/models/h256-v151936 --hidden-size 256 --num-layers 2 --vocab-size 151936
 """
 
 from __future__ import annotations
@@ -18,7 +28,20 @@ from pathlib import Path
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    GenerationConfig,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+from lorarl.model_shapes import HUB_CONFIGS, transformers_config
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Qwen3's chat template (Qwen/Qwen3-8B tokenizer_config.json) for everything but reasoning: the
@@ -118,6 +141,15 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
+def shape_config(shape: str, eos_token_id: int, pad_token_id: int, num_layers: int | None = None) -> PretrainedConfig:
+    """The published config of hub model `shape` (lorarl/model_shapes.py), with this tokenizer's
+    special tokens (the published ids are the hub tokenizer's) and optionally fewer layers."""
+    overrides = {} if num_layers is None else {"num_hidden_layers": num_layers, "max_window_layers": num_layers}
+    return transformers_config(
+        shape, eos_token_id=eos_token_id, pad_token_id=pad_token_id, bos_token_id=None, **overrides
+    )
+
+
 def build_model(
     vocab_size: int,
     eos_token_id: int,
@@ -147,11 +179,23 @@ def build_model(
     return Qwen3ForCausalLM(config)
 
 
-def save_tiny_model(out: Path, hidden_size: int = 128, num_layers: int = 4, seed: int = 0, head_dim: int = 32) -> Path:
-    tokenizer = build_tokenizer()
+def random_model(config: PretrainedConfig, seed: int = 0, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+    """A model of `config` with random weights, made in `dtype` from the start (Qwen3-4B in float32
+    would need 16 GB on the way to bfloat16's 8)."""
+    config.dtype = dtype
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(config, dtype=dtype)
+
+
+def special_ids(tokenizer: PreTrainedTokenizerFast) -> tuple[int, int]:
+    """The tokenizer's end-of-sequence and padding ids, which every model built here is given."""
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     assert eos is not None and pad is not None
-    model = build_model(len(tokenizer), eos, pad, hidden_size, num_layers, seed, head_dim)
+    return eos, pad
+
+
+def save_model(out: Path, model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast) -> Path:
+    eos, pad = special_ids(tokenizer)
     model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=pad)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
@@ -159,17 +203,75 @@ def save_tiny_model(out: Path, hidden_size: int = 128, num_layers: int = 4, seed
     return out
 
 
+def save_tiny_model(
+    out: Path,
+    hidden_size: int = 128,
+    num_layers: int = 4,
+    seed: int = 0,
+    head_dim: int = 32,
+    vocab_size: int | None = None,
+) -> Path:
+    """The tiny model (a custom shape), its vocabulary the tokenizer's unless `vocab_size` is given."""
+    tokenizer = build_tokenizer()
+    eos, pad = special_ids(tokenizer)
+    vocab = len(tokenizer) if vocab_size is None else vocab_size
+    return save_model(out, build_model(vocab, eos, pad, hidden_size, num_layers, seed, head_dim), tokenizer)
+
+
+def save_shaped_model(
+    out: Path,
+    shape: str,
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+    num_layers: int | None = None,
+    weights: bool = True,
+) -> Path:
+    """A model of hub model `shape`'s published config (its vocabulary too) with random weights and
+    the local tokenizer. `weights=False`: the config and tokenizer alone, which is all that a dry run
+    and its memory plan read (Qwen3-4B's weights are 8 GB even in bfloat16)."""
+    tokenizer = build_tokenizer()
+    eos, pad = special_ids(tokenizer)
+    config = shape_config(shape, eos, pad, num_layers)
+    if weights:
+        return save_model(out, random_model(config, seed, dtype), tokenizer)
+    config.dtype = dtype
+    out.mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", type=Path)
-    parser.add_argument("--hidden-size", type=int, default=128)
-    parser.add_argument("--num-layers", type=int, default=4)
+    parser.add_argument("--shape", choices=sorted(HUB_CONFIGS), help="a published model's exact config")
+    parser.add_argument("--num-layers", type=int, help="default: 4, or the shape's")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--head-dim", type=int, default=32, help="at least 32 (vLLM's CPU attention)")
+    custom = parser.add_argument_group("the tiny model's shape (without --shape)")
+    custom.add_argument("--hidden-size", type=int)
+    custom.add_argument("--head-dim", type=int, help="at least 32 (vLLM's CPU attention)")
+    custom.add_argument("--vocab-size", type=int, help="default: the tokenizer's 259")
+    shaped = parser.add_argument_group("with --shape")
+    shaped.add_argument("--dtype", choices=sorted(DTYPES), help="of the weights written (default float32)")
+    shaped.add_argument("--config-only", action="store_true", help="no weights (for --dry-run)")
     args = parser.parse_args()
-    save_tiny_model(args.out, args.hidden_size, args.num_layers, args.seed, args.head_dim)
-    n = sum(p.numel() for p in Qwen3ForCausalLM.from_pretrained(args.out).parameters())
-    print(f"wrote {args.out} ({n / 1e6:.2f}M parameters)")
+    if args.shape is not None:
+        if any(v is not None for v in (args.hidden_size, args.head_dim, args.vocab_size)):
+            parser.error("--hidden-size, --head-dim and --vocab-size are the tiny model's; --shape fixes them")
+        dtype = DTYPES[args.dtype or "float32"]
+        save_shaped_model(args.out, args.shape, dtype, args.seed, args.num_layers, not args.config_only)
+    elif args.dtype is not None or args.config_only:
+        parser.error("--dtype and --config-only are for --shape models; the tiny model is float32")
+    else:
+        shape = {
+            "hidden_size": args.hidden_size or 128,
+            "head_dim": args.head_dim or 32,
+            "num_layers": args.num_layers or 4,
+        }
+        save_tiny_model(args.out, seed=args.seed, vocab_size=args.vocab_size, **shape)
+    with torch.device("meta"):
+        n = sum(p.numel() for p in AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(args.out)).parameters())
+    print(f"wrote {args.out} ({n / 1e6:.2f}M parameters{', config only' if args.config_only else ''})")
 
 
 if __name__ == "__main__":
