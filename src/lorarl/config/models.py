@@ -19,6 +19,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 # vLLM's --max-lora-rank accepts only these values (docs/vllm.md).
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+# Targets per chunk of the output head and its log-softmax (trainer/loss.py): a 151,936-token vocabulary
+# makes a chunk's float32 logits 0.3 GB, about what a row of hidden states costs at real shapes.
+DEFAULT_LOGITS_CHUNK_SIZE = 512
+LOGITS_CHUNK_DOC = (
+    "Tokens per chunk of the output head: log-probabilities and entropies are computed over the vocabulary "
+    "this many tokens at a time and recomputed in the backward pass, so no [tokens x vocab] float32 tensor is "
+    "ever whole (with Qwen3's 151,936-token vocabulary, 0.6 GB per 1,000 tokens). Same loss and gradients up "
+    "to float rounding, for one more pass of the output head. 0: the whole forward pass at once, nothing "
+    "recomputed (the fastest for small vocabularies and short rows)."
+)
 
 
 class Section(BaseModel):
@@ -301,6 +311,7 @@ class TrainerConfig(Section):
     gradient_checkpointing: bool = False
     """Recompute each layer's activations in the backward pass: far less activation memory, for one more
     forward pass per micro-batch. False: keep them."""
+    logits_chunk_size: int = Field(DEFAULT_LOGITS_CHUNK_SIZE, ge=0, description=LOGITS_CHUNK_DOC)
     num_threads: int | None = Field(None, ge=1)
     """Torch CPU threads of each trainer rank. None: torch's default, except that `rl` starting vLLM
     workers on a machine without a GPU leaves one core per worker to vLLM (sharing a core with its worker
@@ -961,6 +972,7 @@ class SFTConfig(SharedConfig):
     packing: bool = True
     """Put several samples into each row, each with position ids from 0 and attention only within itself:
     the same loss and gradients up to float rounding, with less padding. False: one sample per padded row."""
+    logits_chunk_size: int = Field(DEFAULT_LOGITS_CHUNK_SIZE, ge=0, description=LOGITS_CHUNK_DOC)
     log_interval: int = Field(10, ge=1)
     """Log loss, grad_norm, lr and throughput to the metrics every N steps and after the last."""
     eval: SFTEvalConfig = SFTEvalConfig()

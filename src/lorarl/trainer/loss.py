@@ -24,6 +24,14 @@ The loss of one step, over its samples i and their loss tokens t (`[trainer.loss
 * w_i: 1 / loss tokens of the step ("token"); 1 / (loss tokens of sample i * samples of the step)
   ("sequence", GRPO); 1 / norm_constant ("constant", Dr. GRPO).
 
+Memory: the model's forward pass stops at its last hidden states, and the output head, the log-softmax
+and the entropy run `chunk_size` targets at a time (`trainer.logits_chunk_size`), each chunk recomputed
+in the backward pass (torch.utils.checkpoint), so no [targets x vocab] float32 tensor is ever whole:
+with Qwen3's 151,936-token vocabulary that tensor alone is 0.6 GB per 1,000 targets, several copies of
+it live in the backward pass, and rows of 8k-32k tokens would not fit where the model does. The loss
+and gradients are those of the whole pass up to float rounding. Models that change their logits after
+the head (e.g. Gemma 2's soft-capping) are not scored right this way.
+
 A forward batch holds samples one per padded row (`MicroBatch`) or several per packed row
 (`PackedBatch`). The loss reads both the same way: per target token, its sample's number
 (`sample_index`) and advantage; sums over a sample's tokens are segment sums over that index.
@@ -34,12 +42,14 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Protocol, cast
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 import peft
 import torch
+from torch.utils.checkpoint import checkpoint
+from transformers import PreTrainedModel
 
-from lorarl.config.models import LossConfig
+from lorarl.config.models import DEFAULT_LOGITS_CHUNK_SIZE, LossConfig
 from lorarl.plugins import load_function
 from lorarl.trainer.batching import MicroBatch, TrainSample
 from lorarl.trainer.mismatch import mismatch_correction
@@ -50,35 +60,93 @@ if TYPE_CHECKING:
     from lorarl.trainer.packing import PackedBatch
 
 
-def token_logprobs(model: torch.nn.Module, batch: MicroBatch | PackedBatch) -> torch.Tensor:
+def token_logprobs(
+    model: torch.nn.Module, batch: MicroBatch | PackedBatch, chunk_size: int = DEFAULT_LOGITS_CHUNK_SIZE
+) -> torch.Tensor:
     """log p(each target | its sample's tokens before it) at the batch's temperature: [rows, T-1]."""
-    logprobs, targets = _tempered_logprobs(model, batch)
-    return _gather(logprobs, targets)
+    return _chunked_scores(model, batch, chunk_size, entropy=None)[0]
 
 
 def token_logprobs_and_entropy(
-    model: torch.nn.Module, batch: MicroBatch | PackedBatch, with_grad: bool = False
+    model: torch.nn.Module,
+    batch: MicroBatch | PackedBatch,
+    with_grad: bool = False,
+    chunk_size: int = DEFAULT_LOGITS_CHUNK_SIZE,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`token_logprobs`, and the entropy of each next-token distribution at the batch's temperature
     (the distribution the sampler drew from), with gradient only if `with_grad`: [rows, T-1] each."""
-    logprobs, targets = _tempered_logprobs(model, batch)
-    if with_grad:
-        entropy = -(logprobs.exp() * logprobs).sum(-1)
-    else:
-        with torch.no_grad():
-            entropy = -(logprobs.exp() * logprobs).sum(-1)
-    return _gather(logprobs, targets), entropy
+    logprobs, entropy = _chunked_scores(model, batch, chunk_size, entropy="with_grad" if with_grad else "no_grad")
+    assert entropy is not None
+    return logprobs, entropy
 
 
-def _tempered_logprobs(model: torch.nn.Module, batch: MicroBatch | PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
-    """Next-token log-distributions [rows, T-1, vocab] and the targets [rows, T-1]."""
+def _chunked_scores(
+    model: torch.nn.Module,
+    batch: MicroBatch | PackedBatch,
+    chunk_size: int,
+    entropy: Literal["with_grad", "no_grad"] | None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Target log-probabilities (and entropies) [rows, T-1] from the model's last hidden states, the
+    output head applied `chunk_size` targets at a time (module docstring: "Memory")."""
     inputs = batch.forward_inputs(model)
-    logits = model(**inputs).logits[:, :-1]
-    return torch.log_softmax(logits.float() / batch.temperature, dim=-1), inputs["input_ids"][:, 1:]
+    hidden = _last_hidden_states(model, inputs)[:, :-1]
+    rows, width = hidden.shape[:2]
+    targets = inputs["input_ids"][:, 1:].reshape(-1)
+    flat = hidden.reshape(rows * width, -1)
+    head = cast(torch.nn.Module, cast(PreTrainedModel, model).get_output_embeddings())
+    score = functools.partial(_chunk_scores, head, temperature=batch.temperature, entropy=entropy)
+    size = chunk_size or flat.shape[0]
+    # Recompute a chunk's logits in the backward pass instead of keeping them, unless one chunk is all.
+    recompute = torch.is_grad_enabled() and size < flat.shape[0]
+    parts = [
+        checkpoint(score, h, t, use_reentrant=False) if recompute else score(h, t)
+        for h, t in zip(flat.split(size), targets.split(size), strict=True)
+    ]
+    logprobs = torch.cat([lp for lp, _ in parts]).view(rows, width)
+    if entropy is None:
+        return logprobs, None
+    return logprobs, torch.cat([h for _, h in parts]).view(rows, width)
 
 
-def _gather(logprobs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return logprobs.gather(-1, targets[..., None]).squeeze(-1)
+def _chunk_scores(
+    head: torch.nn.Module,
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float,
+    entropy: Literal["with_grad", "no_grad"] | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probability of each target and the entropy (zeros if not asked for) of its tempered
+    next-token distribution, for one chunk of hidden states [n, hidden]: [n] each, in float32."""
+    logits = head(hidden).float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    logprobs = torch.log_softmax(logits, dim=-1)
+    target = logprobs.gather(-1, targets[:, None]).squeeze(-1)
+    if entropy is None:
+        return target, target.new_zeros(())
+    with torch.set_grad_enabled(entropy == "with_grad" and torch.is_grad_enabled()):
+        return target, -(logprobs.exp() * logprobs).sum(-1)
+
+
+def _last_hidden_states(model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
+    """The hidden states that the model's output head reads, [rows, T, hidden], from its own forward
+    pass: a pre-hook on the head takes them and hands the head an empty slice instead, so the forward
+    pass computes no logits (transformers' models feed the head the final normed states)."""
+    head = cast(torch.nn.Module, cast(PreTrainedModel, model).get_output_embeddings())
+    taken: list[torch.Tensor] = []
+
+    def take(_: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        taken.append(args[0])
+        return (args[0][..., :0, :], *args[1:])
+
+    handle = head.register_forward_pre_hook(take)
+    try:
+        model(**inputs)
+    finally:
+        handle.remove()
+    if len(taken) != 1:
+        raise RuntimeError(f"{type(model).__name__} called its output head {len(taken)} times in one forward pass")
+    return taken[0]
 
 
 def _per_sample_sum(values: torch.Tensor, batch: MicroBatch | PackedBatch) -> torch.Tensor:
@@ -256,20 +324,25 @@ def _custom_policy_term(
 
 
 def micro_batch_loss(
-    model: TrainedModel, batch: MicroBatch | PackedBatch, cfg: LossConfig, norm: LossNorm
+    model: TrainedModel,
+    batch: MicroBatch | PackedBatch,
+    cfg: LossConfig,
+    norm: LossNorm,
+    chunk_size: int = DEFAULT_LOGITS_CHUNK_SIZE,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Forward one batch, padded or packed, and return `policy_loss` with the policy's mean entropy
     added to the stats. With kl_coef > 0 the base model scores the batch first, only then: it costs a
-    forward pass (of the same inputs and attention mask). With entropy_coef > 0 the entropy has a gradient."""
+    forward pass (of the same inputs and attention mask). With entropy_coef > 0 the entropy has a gradient.
+    `chunk_size`: targets per chunk of the output head (`trainer.logits_chunk_size`)."""
     ref_logprobs = None
     if cfg.kl_coef > 0:
         # The base model is the same weights with the adapter switched off: no second copy in memory
         # (full fine-tuning refuses kl_coef: RLConfig).
         assert isinstance(model, peft.PeftModel)
         with torch.no_grad(), model.disable_adapter():
-            ref_logprobs = token_logprobs(model, batch)
+            ref_logprobs = token_logprobs(model, batch, chunk_size)
     bonus = cfg.entropy_coef > 0
-    logprobs, entropy = token_logprobs_and_entropy(model, batch, with_grad=bonus)
+    logprobs, entropy = token_logprobs_and_entropy(model, batch, bonus, chunk_size)
     loss, stats = policy_loss(logprobs, batch, cfg, norm, ref_logprobs, entropy if bonus else None)
     mask = batch.loss_mask.float()
     stats["entropy"] = (entropy.detach() * mask).sum() / mask.sum().clamp(min=1)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from lorarl.config.models import LossConfig, RLConfig
+from lorarl.config.models import DEFAULT_LOGITS_CHUNK_SIZE, LossConfig, RLConfig
 from lorarl.monitor.metrics import MetricsLogger
 from lorarl.rollouts import Rollout, RolloutBatch, policy_lag
 from lorarl.trainer.batching import MicroBatch, TrainSample
@@ -86,7 +86,9 @@ def train_step(trainer: Trainer[Model], cfg: RLConfig, step: int, metrics: Metri
     samples = [train_sample(r) for r in batch.rollouts]
     loss_tokens = sum(sum(s.loss_mask) for s in samples)
     if samples:
-        pass_loss = policy_gradient_loss(model, samples, cfg.trainer.loss, max(1, loss_tokens))
+        pass_loss = policy_gradient_loss(
+            model, samples, cfg.trainer.loss, max(1, loss_tokens), cfg.trainer.logits_chunk_size
+        )
         step_stats = forward_backward_step(model, samples, pass_loss, trainer.passes, dp)
         loss = step_stats.pop("loss")
         t_backward = time.perf_counter()
@@ -163,7 +165,11 @@ def train_sample(rollout: Rollout) -> TrainSample:
 
 
 def policy_gradient_loss(
-    model: TrainedModel, samples: Sequence[TrainSample], cfg: LossConfig, loss_tokens: int
+    model: TrainedModel,
+    samples: Sequence[TrainSample],
+    cfg: LossConfig,
+    loss_tokens: int,
+    chunk_size: int = DEFAULT_LOGITS_CHUNK_SIZE,
 ) -> PassLoss:
     """The policy loss (loss.py) of one forward pass, as its share of the loss of the step's `samples`,
     and its stats: means over the pass's loss tokens weighted by its share of the step's
@@ -172,7 +178,7 @@ def policy_gradient_loss(
     norm = LossNorm.for_step(cfg, samples)
 
     def pass_loss(batch: MicroBatch | PackedBatch) -> tuple[torch.Tensor, dict[str, float]]:
-        loss, stats = micro_batch_loss(model, batch, cfg, norm)
+        loss, stats = micro_batch_loss(model, batch, cfg, norm, chunk_size)
         weight = batch.loss_mask.sum().item() / loss_tokens
         return loss, {key: value.item() * weight for key, value in stats.items()}
 

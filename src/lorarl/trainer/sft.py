@@ -23,7 +23,7 @@ import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from transformers import AutoTokenizer
 
-from lorarl.config.models import ModelConfig, SFTConfig
+from lorarl.config.models import DEFAULT_LOGITS_CHUNK_SIZE, ModelConfig, SFTConfig
 from lorarl.trainer.batching import MicroBatch, TrainSample
 from lorarl.trainer.checkpoint import save_checkpoint
 from lorarl.trainer.distributed import DataParallel
@@ -60,7 +60,9 @@ def train(cfg: SFTConfig) -> Path:
         for step in range(trainer.start + 1, cfg.max_steps + 1):
             t0 = time.perf_counter()
             batch = [data.train[i] for i in order.take(cfg.batch_size)]
-            totals = forward_backward_step(model, batch, mean_nll(model, batch), trainer.passes, dp)
+            totals = forward_backward_step(
+                model, batch, mean_nll(model, batch, cfg.logits_chunk_size), trainer.passes, dp
+            )
             grad_norm, lr = trainer.optimizer_step()
             elapsed = time.perf_counter() - t0
             tokens = sum(len(s.input_ids) for s in batch)  # padding excluded
@@ -72,7 +74,7 @@ def train(cfg: SFTConfig) -> Path:
                         "padding_frac": 1 - tokens / totals["padded_tokens"], "epoch": order.epoch,
                         "skipped_steps": trainer.skipped_steps, "time/step": elapsed}  # fmt: skip
             if data.eval and (step % cfg.eval.interval == 0 or step == cfg.max_steps):
-                row["eval/loss"] = evaluate(model, data.eval, cfg.batch_size, trainer.passes, dp)
+                row["eval/loss"] = evaluate(model, data.eval, cfg.batch_size, trainer.passes, dp, cfg.logits_chunk_size)
                 eval_info = f" | eval {row['eval/loss']:.3f}"
             if row:
                 metrics.log(step, row)
@@ -101,24 +103,33 @@ def sft_model(cfg: ModelConfig) -> TrainedModel:
     return base if cfg.lora is None else apply_lora(base, cfg.lora)
 
 
-def mean_nll(model: torch.nn.Module, samples: Sequence[TrainSample]) -> PassLoss:
+def mean_nll(
+    model: torch.nn.Module, samples: Sequence[TrainSample], chunk_size: int = DEFAULT_LOGITS_CHUNK_SIZE
+) -> PassLoss:
     """The step's loss, the mean negative log-likelihood per loss token of `samples`: of one forward
     pass, its share. Counts the pass's tokens, padding included ("padded_tokens")."""
     loss_tokens = count_loss_tokens(samples)  # of the whole step: a global mean
 
     def pass_loss(batch: MicroBatch | PackedBatch) -> tuple[torch.Tensor, dict[str, float]]:
-        return summed_nll(model, batch) / loss_tokens, {"padded_tokens": batch.input_ids.numel()}
+        return summed_nll(model, batch, chunk_size) / loss_tokens, {"padded_tokens": batch.input_ids.numel()}
 
     return pass_loss
 
 
 @torch.no_grad()
 def evaluate(
-    model: torch.nn.Module, samples: Sequence[TrainSample], step_size: int, passes: ForwardPasses, dp: DataParallel
+    model: torch.nn.Module,
+    samples: Sequence[TrainSample],
+    step_size: int,
+    passes: ForwardPasses,
+    dp: DataParallel,
+    chunk_size: int = DEFAULT_LOGITS_CHUNK_SIZE,
 ) -> float:
     """Mean negative log-likelihood per loss token of `samples`, packed a step's worth at a time."""
     model.eval()
-    total = sum(summed_nll(model, batch).item() for batch in rank_passes(model, samples, passes, dp, step_size))
+    total = sum(
+        summed_nll(model, batch, chunk_size).item() for batch in rank_passes(model, samples, passes, dp, step_size)
+    )
     return dp.sum_values({"nll": total})["nll"] / count_loss_tokens(samples)
 
 
@@ -127,6 +138,8 @@ def count_loss_tokens(samples: Sequence[TrainSample]) -> int:
     return max(1, sum(sum(s.loss_mask[1:]) for s in samples))
 
 
-def summed_nll(model: torch.nn.Module, batch: MicroBatch | PackedBatch) -> torch.Tensor:
+def summed_nll(
+    model: torch.nn.Module, batch: MicroBatch | PackedBatch, chunk_size: int = DEFAULT_LOGITS_CHUNK_SIZE
+) -> torch.Tensor:
     """Negative log-likelihood of the loss tokens of a forward pass (on the model's device), summed."""
-    return -(token_logprobs(model, batch) * batch.loss_mask).sum()
+    return -(token_logprobs(model, batch, chunk_size) * batch.loss_mask).sum()

@@ -335,13 +335,20 @@ def test_on_policy_gradient_is_the_reinforce_gradient() -> None:
 
 
 class BigramModel(torch.nn.Module):
+    """Logits that are a table's row for the previous token: the table is the hidden state, read by an
+    output head that passes it on, as a transformers model's head reads its last hidden states."""
+
     def __init__(self) -> None:
         super().__init__()
         torch.manual_seed(0)
         self.table = torch.nn.Parameter(torch.randn(10, 10))
+        self.head = torch.nn.Identity()
+
+    def get_output_embeddings(self) -> torch.nn.Module:
+        return self.head
 
     def forward(self, input_ids, attention_mask, use_cache):
-        return type("Out", (), {"logits": self.table[input_ids]})
+        return type("Out", (), {"logits": self.head(self.table[input_ids])})
 
 
 def test_token_logprobs_apply_the_temperature_and_align_with_targets() -> None:

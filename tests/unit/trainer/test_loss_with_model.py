@@ -184,16 +184,72 @@ def step_loss_stats_and_grads(
     """The RL trainer's forward/backward of one step."""
     model.zero_grad(set_to_none=True)
     loss_tokens = sum(sum(s.loss_mask) for s in samples)
-    pass_loss = policy_gradient_loss(model, samples, cfg.trainer.loss, loss_tokens)
+    pass_loss = policy_gradient_loss(model, samples, cfg.trainer.loss, loss_tokens, cfg.trainer.logits_chunk_size)
     shares = forward_backward_step(model, samples, pass_loss, forward_passes(cfg, pad_id=0))
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     return shares, grads
 
 
-def variant_config(loss: dict, packing: bool) -> RLConfig:
-    """The RL config of a loss variant, with packing (and shared prompts) or padded rows."""
-    return RLConfig(model={"name": "tiny"}, seq_len=SEQ_LEN, trainer={"micro_batch_size": 2, "packing": packing,
-                    "loss": loss | {"norm_constant": 200.0 if loss["norm"] == "constant" else None}})  # fmt: skip
+def variant_config(loss: dict, packing: bool, logits_chunk_size: int = 0) -> RLConfig:
+    """The RL config of a loss variant, with packing (and shared prompts) or padded rows, the output head
+    applied to every target at once (0) or in chunks."""
+    trainer = {
+        "micro_batch_size": 2,
+        "packing": packing,
+        "logits_chunk_size": logits_chunk_size,
+        "loss": loss | {"norm_constant": 200.0 if loss["norm"] == "constant" else None},
+    }
+    return RLConfig(model={"name": "tiny"}, seq_len=SEQ_LEN, trainer=trainer)
+
+
+@pytest.mark.parametrize("packing", [False, True], ids=["padded", "packed"])
+@pytest.mark.parametrize("loss", VARIANTS, ids=lambda v: "-".join(str(x) for x in v.values()))
+def test_a_chunked_output_head_gives_the_loss_gradients_and_stats_of_the_whole_pass(loss: dict, packing: bool) -> None:
+    model = trained_adapter(tiny_qwen3())
+    samples = varied_samples(model)
+    # 7 targets a chunk: passes of 2 x 39 or up to 64 targets split into chunks, the last one shorter.
+    chunked_stats, chunked_grads = step_loss_stats_and_grads(model, samples, variant_config(loss, packing, 7))
+    whole_stats, whole_grads = step_loss_stats_and_grads(model, samples, variant_config(loss, packing, 0))
+    assert_same_step(chunked_stats, chunked_grads, whole_stats, whole_grads)
+
+
+def test_a_chunked_output_head_trains_a_whole_model_as_the_whole_pass_does() -> None:
+    """Full fine-tuning: the output head, tied to the embeddings, gets its gradient through the chunks."""
+    model = tiny_qwen3()
+    assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    samples = varied_samples(model)
+    loss = {"norm": "token", "kl_coef": 0.0, "entropy_coef": 0.1}
+    chunked_stats, chunked_grads = step_loss_stats_and_grads(model, samples, variant_config(loss, True, 5))
+    whole_stats, whole_grads = step_loss_stats_and_grads(model, samples, variant_config(loss, True, 0))
+    assert chunked_stats == pytest.approx(whole_stats, rel=1e-5, abs=1e-7)
+    assert chunked_grads.keys() == whole_grads.keys() and "model.embed_tokens.weight" in whole_grads
+    for name, g in whole_grads.items():
+        torch.testing.assert_close(chunked_grads[name], g, rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("chunk", [0, 7])
+def test_a_chunked_output_head_keeps_no_logits_for_the_backward_pass(chunk: int) -> None:
+    """What autograd keeps of a pass: with chunks, no tensor over the vocabulary (each chunk's logits are
+    computed again in the backward pass); without, the log-distributions of all targets."""
+    model = trained_adapter(tiny_qwen3())
+    samples = varied_samples(model)
+    batch = next(iter(forward_passes(variant_config({"norm": "token"}, True), pad_id=0).split(samples)))
+    vocab = model.config.vocab_size
+    head_weight = model.get_output_embeddings().weight.untyped_storage().data_ptr()
+    kept: list[int] = []
+
+    def keep(t: torch.Tensor) -> torch.Tensor:
+        # Over the vocabulary, and not the output head's weight (which its matmul keeps).
+        if t.dim() > 0 and t.shape[-1] == vocab and t.untyped_storage().data_ptr() != head_weight:
+            kept.append(t.numel() // vocab)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        loss, _ = micro_batch_loss(model, batch, LossConfig(entropy_coef=0.1), LossNorm.for_step(LossConfig(), samples),
+                                   chunk)  # fmt: skip
+    loss.backward()
+    targets = batch.loss_mask.numel()
+    assert max(kept, default=0) == (0 if chunk else targets)
 
 
 @pytest.mark.parametrize("loss", VARIANTS, ids=lambda v: "-".join(str(x) for x in v.values()))
