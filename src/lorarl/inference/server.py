@@ -11,8 +11,10 @@ from lorarl.config.models import VLLM_LORA_RANKS, RLConfig
 from lorarl.inference.cpu_cores import pinned, worker_cores
 from lorarl.launcher.placement import visible_gpus
 
-# Full fine-tuning's vLLM worker extension, imported by the worker processes only (it imports vLLM).
+# vLLM worker extensions, imported by the worker processes only (they import vLLM): full fine-tuning's,
+# and LoRA ops on a CPU whose cost does not follow --max-lora-rank (cpu_lora.py).
 WEIGHT_RELOAD_EXTENSION = "lorarl.inference.weight_reload.WeightReload"
+CPU_LORA_EXTENSION = "lorarl.inference.cpu_lora.CpuLoRA"
 
 
 def vllm_max_lora_rank(rank: int) -> int:
@@ -56,9 +58,10 @@ def vllm_command(cfg: RLConfig, worker: int = 0, host: str | None = None) -> lis
 
 def lora_args(cfg: RLConfig) -> list[str]:
     """Serving the adapters: every variant's ([[variants]]) share the server, so room for the largest
-    rank and all their slots."""
+    rank and all their slots; on a CPU, with LoRA ops whose cost does not grow with that rank."""
     max_loras = [] if cfg.inference.given_max_loras is not None else ["--max-loras", str(cfg.adapter_slots)]
-    return ["--enable-lora", "--max-lora-rank", str(vllm_max_lora_rank(cfg.max_lora_rank)), *max_loras]
+    cpu_ops = ["--worker-extension-cls", CPU_LORA_EXTENSION] if visible_gpus(cfg) == 0 else []
+    return ["--enable-lora", "--max-lora-rank", str(vllm_max_lora_rank(cfg.max_lora_rank)), *max_loras, *cpu_ops]
 
 
 def vllm_env(cfg: RLConfig, gpus: str | None = None) -> dict[str, str]:

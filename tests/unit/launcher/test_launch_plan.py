@@ -33,12 +33,22 @@ def test_vllm_command_derives_lora_flags_from_the_config(tmp_path: Path) -> None
     assert worker_urls(c) == ["http://127.0.0.1:9000", "http://127.0.0.1:9001"]
 
 
+def test_cpu_workers_serve_adapters_with_lorarls_cpu_lora_ops_and_gpu_workers_with_vllms(tmp_path: Path) -> None:
+    extension = ["--worker-extension-cls", "lorarl.inference.cpu_lora.CpuLoRA"]
+    cpu = vllm_command(cfg(tmp_path, dry_run=True, dry_run_devices=0))
+    assert cpu[cpu.index("--worker-extension-cls") :][:2] == extension
+    assert "--worker-extension-cls" not in vllm_command(cfg(tmp_path, dry_run=True, dry_run_devices=2))
+
+
 def test_full_finetune_starts_workers_that_reload_weights_and_serve_no_adapter(tmp_path: Path) -> None:
     c = RLConfig.model_validate({"model": {"name": "m", "full_finetune": True}, "output_dir": str(tmp_path)})
     cmd = vllm_command(c)
     assert "--enable-lora" not in cmd and "--max-lora-rank" not in cmd and "--max-loras" not in cmd
     extension = cmd[cmd.index("--worker-extension-cls") + 1]
     assert extension == "lorarl.inference.weight_reload.WeightReload"
+    # vLLM takes one extension: on a CPU too, weight reloading's, not cpu_lora's besides.
+    on_cpu = vllm_command(c.model_copy(update={"dry_run": True, "dry_run_devices": 0}))
+    assert on_cpu.count("--worker-extension-cls") == 1 and extension in on_cpu
     # The endpoints the orchestrator reloads weights through (/collective_rpc, /reset_prefix_cache).
     assert vllm_env(c) == {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
     assert c.model.lora is None
