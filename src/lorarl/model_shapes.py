@@ -9,9 +9,10 @@ config from them, with which a model can be built with random weights (or on the
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from transformers import AutoConfig, PretrainedConfig
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 _QWEN3_COMMON: dict[str, Any] = {
     "architectures": ["Qwen3ForCausalLM"],
@@ -91,6 +92,8 @@ def transformers_config(name: str, **overrides: Any) -> PretrainedConfig:
     """The transformers config of hub model `name` from the table, with `overrides` (e.g.
     num_hidden_layers=2 for a model of the same widths but fewer layers); KeyError for a model not in
     the table (see HUB_CONFIGS)."""
+    from transformers import AutoConfig  # only here: `rl` and `sft` check a bad config without loading it
+
     values = {**HUB_CONFIGS[name], **overrides}
     values.pop("architectures")
     values.pop("torch_dtype")

@@ -11,6 +11,7 @@ import sys
 from lorarl.cli.common import load_or_exit, setup_logging
 from lorarl.config.models import RLConfig
 from lorarl.launcher.launch import launch
+from lorarl.launcher.memory_plan import rl_memory_plan
 from lorarl.launcher.placement import visible_gpus
 from lorarl.launcher.plan import plan_run
 from lorarl.launcher.preflight import PreflightError, check_rl
@@ -35,10 +36,13 @@ def main(argv: list[str] | None = None) -> None:
     if not cfg.dry_run:
         run.hold_lock()
     specs = plan_run(cfg, run, placement)
+    memory = rl_memory_plan(cfg, placement).table()  # checked by check_rl; the model's shape is cached
+    (run.configs / "memory_plan.txt").write_text(memory)
     if cfg.dry_run:
         print(placement.table())
+        print(memory)
         print((run.configs / "commands.txt").read_text(), end="")
-        print(f"# resolved configs and placement.txt in {run.configs}/ (dry run: nothing started)")
+        print(f"# resolved configs, placement.txt and memory_plan.txt in {run.configs}/ (dry run: nothing started)")
         return
     raise SystemExit(launch(cfg, run, specs, placement))
 

@@ -1,6 +1,7 @@
 """`sft @ cfg.toml`: supervised fine-tuning (LoRA from [model.lora], or full without it).
 
-The run folder is checked and prepared (see RunFolder.prepare) before anything else. With
+The run folder is checked and prepared (see RunFolder.prepare) before anything else; `--dry-run`
+makes the same checks and prints the memory plan (docs/memory_plan.md). With
 `--parallel.dp N` it starts itself again under torchrun as N data-parallel ranks.
 """
 
@@ -12,6 +13,7 @@ import sys
 
 from lorarl.cli.common import load_or_exit, setup_logging
 from lorarl.config.models import SFTConfig
+from lorarl.launcher.memory_plan import sft_memory_plan
 from lorarl.launcher.plan import torchrun
 from lorarl.launcher.preflight import PreflightError, check_sft
 from lorarl.run_folder import RunFolder, RunFolderError
@@ -25,6 +27,11 @@ def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     cfg = load_or_exit(SFTConfig, args)
     setup_logging("sft")
+    if cfg.dry_run:
+        prepare(cfg)
+        print(sft_memory_plan(cfg).table(), end="")
+        print(f"# dry run: {cfg.run_dir} checked, nothing cleared or started")
+        return
     if os.environ.get(_PREPARED) != str(cfg.run_dir):
         prepare(cfg)  # takes the run's lock, held until this process (or what it execs into) ends
     if cfg.parallel.dp > 1 and "WORLD_SIZE" not in os.environ:
@@ -41,14 +48,17 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def prepare(cfg: SFTConfig) -> None:
-    """Every check, then the run folder (RunFolder.prepare) and its lock; one line and exit 2 if not."""
+    """Every check, then the run folder (RunFolder.prepare) and, unless a dry run, its lock; one line and
+    exit 2 if not."""
     run = RunFolder(cfg.run_dir)
     try:
         check_sft(cfg)
         if cfg.resume is not None:
             run.resume_step(cfg.resume.step)
-        log.info(run.prepare("sft", cfg.model_dump(mode="json"), cfg.resume is not None, cfg.overwrite))
-        run.hold_lock()
+        resume = cfg.resume is not None
+        log.info(run.prepare("sft", cfg.model_dump(mode="json"), resume, cfg.overwrite, dry_run=cfg.dry_run))
+        if not cfg.dry_run:
+            run.hold_lock()
     except (PreflightError, RunFolderError, ValueError) as e:  # DataError is a ValueError
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None

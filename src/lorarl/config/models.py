@@ -13,7 +13,7 @@ import ipaddress
 import json
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -705,6 +705,17 @@ class SharedConfig(Section):
     overwrite: bool = Field(False, exclude=True)
     """Start over in a run folder that holds a previous run, deleting what lorarl wrote there
     (never other files); without it (or `--resume`) such a folder is refused."""
+    dry_run: bool = Field(False, exclude=True)
+    """Make every check, print the memory plan (docs/memory_plan.md) and start nothing; `rl` also writes
+    the run folder's configs/ (per-process configs, commands and the placement of every process). False: run."""
+    dry_run_devices: int | None = Field(None, ge=0, exclude=True)
+    """With dry_run: place the run as if this machine had this many GPUs (0: none), e.g. to see on a
+    laptop where each process of an 8-GPU run would go (`--dry-run --dry-run-devices 8`). None: the GPUs
+    this machine has."""
+    device_memory_gib: float | None = Field(None, gt=0, exclude=True)
+    """Memory of each GPU in GiB for the memory plan that `rl` and `sft` check before starting
+    (docs/memory_plan.md). None: what torch reports for this machine's GPUs, or 80 where a dry run
+    pretends GPUs (dry_run_devices) or a Ray cluster provides them."""
 
     @field_validator("run_name", mode="after")
     @classmethod
@@ -720,6 +731,12 @@ class SharedConfig(Section):
         if isinstance(value, str | Path) and (str(value).strip() == "" or Path(value).resolve() == Path("/")):
             raise ValueError(f"output_dir must be a folder for runs, not {str(value)!r}")
         return value
+
+    @model_validator(mode="after")
+    def _devices_only_pretend_in_dry_runs(self) -> Self:
+        if self.dry_run_devices is not None and not self.dry_run:
+            raise ValueError("dry_run_devices only pretends for a dry run: add --dry-run, or leave it out")
+        return self
 
     @property
     def run_dir(self) -> Path:
@@ -818,13 +835,6 @@ class RLConfig(SharedConfig):
     """Continue from a checkpoint in this run folder, with the same examples as a run that never stopped:
     `--resume` (the latest) or `--resume.step N`. What the run wrote after that step is dropped, and its
     batches and adapters regenerated. Absent: a new run."""
-    dry_run: bool = Field(False, exclude=True)
-    """Write the run folder's configs/ (per-process configs, commands and the placement of every process)
-    and start nothing; false: run."""
-    dry_run_devices: int | None = Field(None, ge=0, exclude=True)
-    """With dry_run: place the run as if this machine had this many GPUs (0: none), e.g. to see on a
-    laptop where each process of an 8-GPU run would go (`--dry-run --dry-run-devices 8`). None: the GPUs
-    this machine has."""
     auto_resume: int = Field(0, ge=0, exclude=True)
     """When the trainer or the orchestrator dies, restart both from the latest complete checkpoint
     (`trainer.ckpt.interval` must be set) up to this many times, keeping the vLLM workers."""
@@ -846,12 +856,6 @@ class RLConfig(SharedConfig):
             raise ValueError(
                 "trainer.loss.kl_coef > 0 needs the base model beside the policy: not with model.full_finetune"
             )
-        return self
-
-    @model_validator(mode="after")
-    def _devices_only_pretend_in_dry_runs(self) -> RLConfig:
-        if self.dry_run_devices is not None and not self.dry_run:
-            raise ValueError("dry_run_devices only pretends for a dry run: add --dry-run, or leave it out")
         return self
 
     @model_validator(mode="after")

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from lorarl.config.models import RLConfig, SFTConfig
 from lorarl.launcher.bundles import plan_bundles, ray_placement
+from lorarl.launcher.memory_plan import MemoryPlan, rl_memory_plan, sft_memory_plan
 from lorarl.launcher.placement import Placement, place
 from lorarl.orchestrator.envs import check_environment
 from lorarl.plugins import PluginError, load_function
@@ -48,6 +49,7 @@ def check_rl(cfg: RLConfig, gpus: int) -> Placement:
             raise PreflightError(f"{where}{e}") from None
     if not cfg.inference.urls and cfg.cluster.backend == "local":  # Ray's workers listen on their own nodes
         check_ports(cfg.inference.host, cfg.inference.port, cfg.inference.num_workers)
+    check_memory(rl_memory_plan(cfg, placement))
     return placement
 
 
@@ -114,6 +116,13 @@ def check_sft(cfg: SFTConfig) -> None:
     for path in (cfg.data.path, cfg.data.eval_path):
         if path is not None:
             read_conversations(path, cfg.data.split)
+    check_memory(sft_memory_plan(cfg))
+
+
+def check_memory(plan: MemoryPlan) -> None:
+    """Every process fits its device by the memory plan (memory_plan.py): else one line naming the keys."""
+    if (problem := plan.problem()) is not None:
+        raise PreflightError(problem)
 
 
 def check_model(name: str, key: str = "model.name") -> None:
