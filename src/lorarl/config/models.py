@@ -135,9 +135,15 @@ class ModelConfig(Section):
     trainer and vLLM load."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """The dtype the trainer loads the weights in, and vLLM's `--dtype`: "float32", "bfloat16" or "float16"."""
-    attn_implementation: str = "sdpa"
-    """The trainer's transformers attention implementation ("sdpa", "eager", "flash_attention_2", ...).
-    Packing gives "sdpa" and "eager" a block-diagonal causal mask, flash attention position ids."""
+    attn_implementation: Literal[
+        "packed_sdpa", "sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3"
+    ] = "packed_sdpa"
+    """The trainer's transformers attention implementation (vLLM picks its own). "packed_sdpa": lorarl's,
+    sdpa on each packed sample (and shared prompt) on its own, so attention costs what the samples do, not
+    the square of the row (docs/attention.md); plain sdpa for unpacked rows. "flex_attention": a
+    FlexAttention block mask (trains on GPUs only). "sdpa", "eager": a dense block-diagonal mask per
+    packed row. "flash_attention_2", "flash_attention_3" (where installed): boundaries from position ids,
+    no shared prompts."""
     lora: LoraConfig | None = None
     """The LoRA adapter to train. `rl` trains one (absent: the defaults below) unless full_finetune is set;
     absent in an `sft` config means full fine-tuning of every weight."""
@@ -302,7 +308,7 @@ class TrainerConfig(Section):
     the prompt is packed once, and each rollout's completion attends to it and to itself, with the same
     loss and gradients up to float rounding. A group of n rollouts then costs one prompt and n
     completions instead of n of each; such rows are up to 2 x seq_len wide, with fewer rows per pass.
-    Only with an attention implementation that takes a mask ("sdpa", "eager"); others pack whole samples."""
+    Not with flash attention (model.attn_implementation), which packs whole samples."""
     batch_timeout: float = Field(1800.0, gt=0)
     """Seconds the trainer waits for the next rollout batch before giving up (the orchestrator may have died)."""
     keep_rollouts: bool = False

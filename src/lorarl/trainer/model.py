@@ -12,6 +12,7 @@ from peft.utils.error import NoMatchingPeftModuleError
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from lorarl.config.models import LoraConfig, ModelConfig
+from lorarl.trainer import attention  # noqa: F401  (registers "packed_sdpa" with transformers)
 
 TrainedModel = PreTrainedModel | peft.PeftModel  # every weight trained, or a LoRA adapter on a frozen base
 

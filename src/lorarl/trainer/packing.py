@@ -7,24 +7,29 @@ the per-token loss mask and sampler logprobs, each sample's advantage on its tok
 batch-wide number of the sample each token belongs to (`sample_index`), by which the RL loss
 (loss.py) sums over a sample's tokens (sequence-level ratios and norms) as it does over a padded row.
 
-Attention boundaries, as checked against transformers 5.19: for "sdpa" and "eager" the forward
-pass gets an explicit 4D block-diagonal causal mask. transformers can also infer the boundaries
-from position ids alone, but only when no 2D attention mask and no KV cache is given, and Qwen3
-creates a cache by default (`use_cache` from its config): its position-id detection then silently
-lets samples attend to each other. Other implementations (flash attention) get the position ids,
-no mask and `use_cache=False`, which is the variable-length path transformers documents for them.
-With a 4D mask, attention still computes the whole row (masked), at a cost that grows with the
-square of the row width; flash attention's variable-length path skips the masked part.
+Attention boundaries, as checked against transformers 5.19 (attention.py has the paths that skip what
+a row masks out):
+* "packed_sdpa" (the default): each segment (sample, shared prompt) attends on its own, through
+  sdpa, at the cost of the samples; the forward pass gets the segments (`Segments`), no mask.
+* "flex_attention": a FlexAttention block mask from the segment ids; GPUs only (no CPU backward).
+* "sdpa" and "eager": an explicit 4D block-diagonal causal mask, which costs memory and time in the
+  square of the row width. transformers can also infer the boundaries from position ids alone, but
+  only when no 2D attention mask and no KV cache is given, and Qwen3 creates a cache by default
+  (`use_cache` from its config): its position-id detection then silently lets samples attend to
+  each other.
+* Other implementations (flash attention) get the position ids, no mask and `use_cache=False`,
+  which is the variable-length path transformers documents for them; they cannot share prompts.
 
-Shared prompts (`share_prompts`, RL's default with a 4D mask): the rollouts of a GRPO group start with
-the same prompt, so a packed row holds it once (`SharedPrompt`): the prompt but its last token, then
-for each rollout its last prompt token and its completion, with position ids continuing the prompt's
-and attention to the shared tokens and its own. The shared tokens carry no loss and their hidden
-states are those each rollout would compute (causal attention), and gradients through them add up
-over the rollouts as they would one row each: the same loss and gradients up to float rounding, for
-a group of n rollouts one prompt and n completions of compute instead of n of each. Repeating the
-last prompt token keeps every target predicted from the token before it in the row, as elsewhere.
-Such a row may be up to `SHARED_ROW_FACTOR` x seq_len wide, with proportionally fewer rows per pass.
+Shared prompts (`share_prompts`, RL's default where the attention implementation takes them): the
+rollouts of a GRPO group start with the same prompt, so a packed row holds it once (`SharedPrompt`):
+the prompt but its last token, then for each rollout its last prompt token and its completion, with
+position ids continuing the prompt's and attention to the shared tokens and its own. The shared
+tokens carry no loss and their hidden states are those each rollout would compute (causal
+attention), and gradients through them add up over the rollouts as they would one row each: the same
+loss and gradients up to float rounding, for a group of n rollouts one prompt and n completions of
+compute instead of n of each. Repeating the last prompt token keeps every target predicted from the
+token before it in the row, as elsewhere. Such a row may be up to `SHARED_ROW_FACTOR` x seq_len
+wide, with proportionally fewer rows per pass.
 """
 
 from __future__ import annotations
@@ -37,19 +42,23 @@ from typing import Any, cast
 import torch
 from transformers import PreTrainedModel
 
+from lorarl.trainer.attention import PACKED_SDPA, SEGMENTS_KWARG, Segments, flex_block_mask
 from lorarl.trainer.batching import MicroBatch, TrainSample, by_temperature, micro_batches
 
 # Attention implementations that take a custom 4D mask: a boolean one (True = attend) for sdpa,
 # an additive float one for eager.
 _EXPLICIT_MASK = ("sdpa", "eager")
-# How much wider than seq_len a row of shared prompts may grow: attention over a row is quadratic in
-# its width, the rest of the model linear.
+# Those that see shared prompts (module docstring); the others find the boundaries from position ids.
+_SEES_SHARED_PROMPTS = (PACKED_SDPA, "flex_attention", *_EXPLICIT_MASK)
+# How much wider than seq_len a row of shared prompts may grow: with a dense mask, attention over a row
+# is quadratic in its width, the rest of the model linear.
 SHARED_ROW_FACTOR = 2
 
 
-def takes_explicit_mask(attn_implementation: str) -> bool:
-    """Whether packed rows get a 4D mask (which shared prompts need), not boundaries from position ids."""
-    return attn_implementation in _EXPLICIT_MASK
+def sees_shared_prompts(attn_implementation: str) -> bool:
+    """Whether packed rows can share prompts with this attention implementation: whether it is told
+    which segment a token attends to, not just where samples start (by their position ids)."""
+    return attn_implementation in _SEES_SHARED_PROMPTS
 
 
 @dataclass(frozen=True)
@@ -109,20 +118,34 @@ class PackedBatch:
         """Keyword arguments of `model(...)`, on the model's device."""
         hf_model = cast(PreTrainedModel, model)  # a transformers or PEFT model
         weight = cast(torch.nn.Embedding, hf_model.get_input_embeddings()).weight
-        mask = self.attention_mask(hf_model.config._attn_implementation, weight.dtype)
         device = weight.device
         return {
             "input_ids": self.input_ids.to(device),
             "position_ids": self.position_ids.to(device),
-            "attention_mask": None if mask is None else mask.to(device),
+            **self.attention_inputs(hf_model.config._attn_implementation, weight.dtype, device),
             # A cache would switch off transformers' packed-sequence handling (and is useless in training).
             "use_cache": False,
         }
 
+    def attention_inputs(self, attn_implementation: str, dtype: torch.dtype, device: torch.device) -> dict[str, Any]:
+        """What tells the attention implementation the segments of the rows (module docstring): the
+        segments themselves, a FlexAttention block mask, a 4D mask, or nothing (the position ids)."""
+        if attn_implementation == PACKED_SDPA:
+            return {"attention_mask": None, SEGMENTS_KWARG: Segments.of(self.sequence_ids, self.prefix_ids)}
+        if attn_implementation == "flex_attention":
+            if device.type == "cpu" and torch.is_grad_enabled():
+                raise ValueError(
+                    f"flex_attention cannot train on the CPU (torch {torch.__version__} has no FlexAttention "
+                    f"backward there): set model.attn_implementation = {PACKED_SDPA!r}"
+                )
+            return {"attention_mask": flex_block_mask(self.sequence_ids.to(device), self.prefix_ids.to(device))}
+        mask = self.attention_mask(attn_implementation, dtype)
+        return {"attention_mask": None if mask is None else mask.to(device)}
+
     def attention_mask(self, attn_implementation: str, dtype: torch.dtype) -> torch.Tensor | None:
-        """The [R, 1, L, L] block-diagonal causal mask the implementation takes, or None where the
+        """The [R, 1, L, L] block-diagonal causal mask that "sdpa" and "eager" take, or None where the
         position ids are what marks the boundaries (see the module docstring)."""
-        if not takes_explicit_mask(attn_implementation):
+        if attn_implementation not in _EXPLICIT_MASK:
             if not torch.equal(self.prefix_ids, self.sequence_ids):
                 raise ValueError(f"shared prompts need an attention mask, which {attn_implementation!r} does not take")
             return None

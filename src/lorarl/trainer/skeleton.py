@@ -32,7 +32,7 @@ from lorarl.trainer.checkpoint import discard_after, find_checkpoint, load_train
 from lorarl.trainer.distributed import DataParallel, init_data_parallel
 from lorarl.trainer.model import TrainedModel, parameter_summary, trainable_parameters
 from lorarl.trainer.optim import build_optimizer, build_scheduler
-from lorarl.trainer.packing import ForwardPasses, PackedBatch, takes_explicit_mask
+from lorarl.trainer.packing import ForwardPasses, PackedBatch, sees_shared_prompts
 
 log = logging.getLogger("lorarl.trainer")
 
@@ -175,7 +175,7 @@ def forward_passes(cfg: RLConfig | SFTConfig, pad_id: int) -> ForwardPasses:
     training = training_section(cfg)
     # RL's groups share prompts; SFT's examples rarely do.
     share = isinstance(cfg, RLConfig) and cfg.trainer.share_prompts
-    share = share and takes_explicit_mask(cfg.model.attn_implementation)
+    share = share and sees_shared_prompts(cfg.model.attn_implementation)
     return ForwardPasses(training.packing, cfg.seq_len, training.micro_batch_size, pad_id, share)
 
 

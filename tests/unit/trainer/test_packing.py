@@ -1,9 +1,11 @@
 import random
+from collections.abc import Sequence
 
 import pytest
 import torch
 
 from lorarl.tiny_model import build_model, build_tokenizer
+from lorarl.trainer.attention import Segments
 from lorarl.trainer.batching import MicroBatch, TrainSample, micro_batches
 from lorarl.trainer.loss import token_logprobs
 from lorarl.trainer.packing import (
@@ -96,8 +98,9 @@ def rl_style_loss(logprobs: torch.Tensor, batch: MicroBatch | PackedBatch) -> to
 
 
 def loss_and_grads(
-    model: torch.nn.Module, batches: list[MicroBatch] | list[PackedBatch], loss_tokens: int
+    model: torch.nn.Module, batches: Sequence[MicroBatch | PackedBatch], loss_tokens: int
 ) -> tuple[float, list[torch.Tensor]]:
+    """The summed loss of `batches` and the gradients of the trained weights."""
     model.zero_grad()
     total = 0.0
     for mb in batches:
@@ -105,10 +108,10 @@ def loss_and_grads(
         loss = rl_style_loss(logprobs, mb) / loss_tokens  # per-token mean over the step, as the trainers do
         loss.backward()
         total += loss.item()
-    return total, [p.grad.clone() for p in model.parameters()]
+    return total, [p.grad.clone() for p in model.parameters() if p.requires_grad]
 
 
-@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("attn", ["packed_sdpa", "sdpa", "eager"])
 def test_packed_loss_and_gradients_equal_unpacked(attn: str) -> None:
     tok = build_tokenizer()
     model = build_model(len(tok), tok.eos_token_id, tok.pad_token_id, hidden_size=64, num_layers=2)
@@ -201,7 +204,7 @@ def grouped_samples(vocab: int, seed: int) -> list[TrainSample]:
     return samples
 
 
-@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("attn", ["packed_sdpa", "sdpa", "eager"])
 def test_shared_prompts_give_the_loss_and_gradients_of_unpacked_rows_in_fewer_tokens(attn: str) -> None:
     tok = build_tokenizer()
     model = build_model(len(tok), tok.eos_token_id, tok.pad_token_id, hidden_size=64, num_layers=2)
@@ -215,6 +218,11 @@ def test_shared_prompts_give_the_loss_and_gradients_of_unpacked_rows_in_fewer_to
     # The same bound on tokens per pass; fewer tokens in all.
     assert all(b.input_ids.numel() <= 2 * 32 for b in shared)
     assert sum(b.input_ids.numel() for b in shared) < 0.8 * sum(b.input_ids.numel() for b in plain)
+    # packed_sdpa's two ways with a shared prompt (attention.py): prompts shorter and longer than the rest.
+    with_prompt = [
+        s for b in shared for row in Segments.of(b.sequence_ids, b.prefix_ids).rows for s in row if s.prompt_len
+    ]
+    assert {s.prompt_len < s.end - s.start for s in with_prompt} == {True, False}
 
     loss_tokens = sum(sum(s.loss_mask[1:]) for s in samples)
     shared_loss, shared_grads = loss_and_grads(model, shared, loss_tokens)
