@@ -56,9 +56,9 @@ VLLM_OVERHEAD_GIB = 2.5
 # On a CPU the RAM plan is refused only when this fraction of it (the estimate's low end) does not fit.
 CPU_REFUSE_FRACTION = 0.75
 DEFAULT_DEVICE_GIB = 80.0
-# Bytes per entry of the dense mask a packed row gets with these attention implementations (packing.py):
-# sdpa's is boolean, eager's additive float32 (the most it can be).
-_DENSE_MASK_BYTES = {"sdpa": 1, "eager": 4}
+# The attention implementations that get a dense [rows, 1, L, L] mask for packed rows (packing.py);
+# packed_sdpa, FlexAttention and flash attention need none.
+DENSE_MASK = ("sdpa", "eager")
 
 
 @dataclass(frozen=True)
@@ -228,7 +228,7 @@ class TrainerWork:
     row_width: int
     gradient_checkpointing: bool
     logits_chunk: int  # 0: the whole pass at once
-    mask_bytes: int  # per [L, L] entry of the packed rows' attention mask; 0: none
+    dense_mask: str | None  # the attention implementation where packed rows get a dense mask (DENSE_MASK)
     shards: int = 1  # ranks the weights are split over (parallel.fsdp)
     runtime_gib: float = CUDA_RUNTIME_GIB
 
@@ -246,9 +246,7 @@ def trainer_parts(shape: ModelShape, work: TrainerWork) -> list[Part]:
     else:  # PEFT keeps adapters in float32: weights, gradients, two moments
         trained, step = 16 * work.adapter, 4 * work.adapter
         trained_what = "adapter+grads+AdamW"
-    passing = (
-        activation_bytes(shape, work) + logits_bytes(shape, work) + work.rows * work.row_width**2 * work.mask_bytes
-    )
+    passing = activation_bytes(shape, work) + logits_bytes(shape, work) + mask_bytes(shape, work)
     parts = [
         Part("weights", weights / GIB),
         Part(trained_what, trained / GIB),
@@ -258,8 +256,8 @@ def trainer_parts(shape: ModelShape, work: TrainerWork) -> list[Part]:
         ),
         Part(f"logits ({_chunks(work.logits_chunk)})", logits_bytes(shape, work) / GIB),
     ]
-    if work.mask_bytes:
-        parts.append(Part("attention mask", work.rows * work.row_width**2 * work.mask_bytes / GIB))
+    if work.dense_mask:
+        parts.append(Part("attention mask", mask_bytes(shape, work) / GIB))
     if step > passing:  # the optimizer step's temporaries outgrow the pass (e.g. full fine-tuning)
         parts.append(Part("optimizer step beyond the pass", (step - passing) / GIB))
     if work.runtime_gib:
@@ -284,6 +282,20 @@ def activation_bytes(shape: ModelShape, work: TrainerWork) -> float:
     if work.gradient_checkpointing:
         return tokens * b * (shape.layers * shape.hidden + per_layer + outside)
     return tokens * b * (shape.layers * per_layer + outside)
+
+
+def mask_bytes(shape: ModelShape, work: TrainerWork) -> float:
+    """The packed rows' dense mask and what attention makes of it, kept for backward by every layer (with
+    gradient checkpointing, by the one recomputed): sdpa's mask is boolean, and torch's sdpa turns it
+    into an additive one in the weights' dtype in each layer (measured on the CPU: docs/memory_plan.md);
+    eager's is additive from the start, and eager attention keeps each head's [L, L] weights as well."""
+    if work.dense_mask is None:
+        return 0.0
+    entries = work.rows * work.row_width**2
+    layers = 1 if work.gradient_checkpointing else shape.layers
+    if work.dense_mask == "eager":
+        return entries * work.dtype_bytes * (1 + layers * shape.heads)
+    return entries * (1 + layers * work.dtype_bytes)
 
 
 def logits_bytes(shape: ModelShape, work: TrainerWork) -> float:
@@ -453,8 +465,7 @@ def _trainer_work(
     shards: int,
     on_gpu: bool,
 ) -> TrainerWork:
-    # A dense [rows, 1, L, L] mask with packing for these (packing.py); packed_sdpa and flex need none.
-    mask = _DENSE_MASK_BYTES.get(cfg.model.attn_implementation, 0) if packing else 0
+    attention = cfg.model.attn_implementation
     rows = max(1, micro_batch_size * cfg.seq_len // row_width)
     return TrainerWork(
         dtype_bytes=_DTYPE_BYTES[cfg.model.dtype],
@@ -464,7 +475,7 @@ def _trainer_work(
         row_width=row_width,
         gradient_checkpointing=checkpointing,
         logits_chunk=logits_chunk,
-        mask_bytes=mask,
+        dense_mask=attention if packing and attention in DENSE_MASK else None,
         shards=shards,
         runtime_gib=CUDA_RUNTIME_GIB if on_gpu else 0.0,
     )

@@ -1,5 +1,6 @@
 """The memory plan: parameters counted on the meta device, each process's estimate against its device,
-refusals in one line naming the keys, `rl`/`sft --dry-run` printing it."""
+refusals in one line naming the keys, `rl`/`sft --dry-run` printing it, and the trainer's estimate
+against peaks measured on the CPU (scripts/validate_memory_plan.py)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from lorarl.launcher.memory_plan import MemoryPlan, adapter_parameters, model_sh
 from lorarl.launcher.placement import place
 from lorarl.run_folder import MARKER
 from lorarl.trainer.model import peft_lora_config
+from tests.unit.test_learning_check import script
 
 REPO = Path(__file__).resolve().parents[3]
 MATH_8GPU = REPO / "configs/gpu/math/8gpu.toml"
@@ -174,3 +176,16 @@ def test_sft_dry_run_prints_the_plan_refuses_in_one_line_and_starts_nothing(tiny
     refused = console("sft", *args, "--device_memory_gib", "1", cwd=tmp_path)
     assert_refused_in_one_line(refused, "sft on gpu 0-1 needs ~")
     assert [p.name for p in (tmp_path / "out" / "default").iterdir()] == [MARKER]  # a dry run's, reused freely
+
+
+def test_trainer_estimate_within_a_quarter_of_measured_peaks() -> None:
+    """Two corners of the grid of docs/memory_plan.md (whose script measures all of it), each in a
+    subprocess of its own: the peak of live tensor memory over a real trainer step."""
+    validate = script("validate_memory_plan")
+    cases = [
+        validate.Case("h256-L2-v151936", 1024, lora=True, checkpointing=False),  # the logits' chunks dominate
+        validate.Case("h256-L4-v259", 4096, lora=False, checkpointing=True),
+    ]
+    for case in cases:
+        result = validate.run(case)
+        assert abs(result.ratio - 1) <= validate.TOLERANCE, (case, result)
