@@ -16,9 +16,9 @@ from lorarl.inference import cpu_lora
 SLOTS, RANK, WIDTH, OUT = 4, 16, 48, 40
 
 
-def stock_ops() -> ModuleType:
-    """A fresh copy of vLLM's CPU LoRA ops module, as vLLM ships it (importing cpu_lora patched the loaded one)."""
-    spec = importlib.util.find_spec("vllm.lora.ops.torch_ops.lora_ops")
+def fresh_copy(name: str) -> ModuleType:
+    """A copy of module `name` imported afresh, beside the loaded one."""
+    spec = importlib.util.find_spec(name)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -27,7 +27,8 @@ def stock_ops() -> ModuleType:
 
 @pytest.fixture(scope="module")
 def stock() -> ModuleType:
-    return stock_ops()
+    """vLLM's CPU LoRA ops as vLLM ships them (importing cpu_lora patched the loaded module)."""
+    return fresh_copy("vllm.lora.ops.torch_ops.lora_ops")
 
 
 def batch(
@@ -125,3 +126,12 @@ def test_importing_the_extension_replaces_vllms_cpu_ops() -> None:
         assert module.bgmv_shrink is cpu_lora.bgmv_shrink
         assert module.bgmv_expand is cpu_lora.bgmv_expand
         assert module.bgmv_expand_slice is cpu_lora.bgmv_expand_slice
+
+
+def test_on_another_platform_importing_it_patches_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllm.platforms import current_platform
+
+    monkeypatch.setattr(current_platform, "is_cpu", lambda: False)
+    fresh = fresh_copy("lorarl.inference.cpu_lora")
+    for module in (lora_ops, punica_cpu):
+        assert module.bgmv_shrink is not fresh.bgmv_shrink and module.bgmv_shrink is cpu_lora.bgmv_shrink
