@@ -2,15 +2,17 @@
 
 Two parts, each through the real console scripts (`sft`, `rl`), one configuration per process:
 
-`memory`: the peak resident memory and step time of one `sft` step (LoRA rank 8 on the 7
-projections, packing, one row of seq_len tokens, loss on every token) of a 2-layer hidden-256 Qwen3,
-at a 259-token vocabulary (the local tokenizer's) and at Qwen3's 151,936, with the log-probabilities
+`memory`: the peak resident memory and step time of `sft` (LoRA rank 8 on the 7 projections,
+packing, one row of seq_len tokens, loss on every token) on a 2-layer hidden-256 Qwen3, at a
+259-token vocabulary (the local tokenizer's) and at Qwen3's 151,936, with the log-probabilities
 computed over the whole row at once (`logits_chunk_size` 0, lorarl before issue 33) and in chunks
-(the default). The peak is the `sft` process's ru_maxrss (os.wait4: it cannot be reset, hence one
-process per configuration); a process that passes --max-gib of resident memory is stopped, so
-that it does not take the shared machine down ("> N GiB" in the table).
+(the default, or --chunks). The peak is the `sft` process's ru_maxrss (os.wait4: it cannot be
+reset, hence one process per configuration); the step time is the fastest of its --steps steps
+(the machine is shared). A process that passes --max-gib of resident memory is stopped, so that it
+does not take the shared machine down ("> N GiB" in the table), and a whole-row configuration
+whose float32 logits alone would pass it is not started ("not run").
 
-`rl`: 3 steps of `rl` on the Qwen3-0.6B shape (random weights, built by lorarl.tiny_model --shape)
+`rl`: --steps steps of `rl` on the Qwen3-0.6B shape (random weights, built by lorarl.tiny_model --shape)
 through vLLM, with completions of --max-tokens tokens (random weights never stop early), a
 checkpoint every step, for each LoRA rank: the trainer's and orchestrator's step-time breakdown
 (their time/* metrics), the adapter's size, its write time (trainer time/broadcast), the hand-off
@@ -50,18 +52,21 @@ ENV = {
     "TOKENIZERS_PARALLELISM": "false",
 }
 VOCABS = (259, 151936)
-SEQ_LENS = (1024, 2048, 4096, 8192, 16384, 32768)
+# The issue's reference (8k) and target (32k) first, so that a cut-short run has them.
+SEQ_LENS = (8192, 32768, 4096, 16384, 2048, 1024)
 # The issue's reference model for the memory table: most of its memory is the vocabulary's.
 MEMORY_MODEL = {"hidden_size": 256, "num_layers": 2}
 
 
 @dataclass(frozen=True)
 class Measured:
-    peak_gib: float | None  # None: stopped at the memory cap
+    peak_gib: float | None  # None: stopped at the memory cap, or not run
     step_s: float | None
     note: str = ""
 
     def cell(self, cap_gib: float) -> str:
+        if self.note.startswith("not run"):
+            return self.note
         if self.peak_gib is None:
             return f"> {cap_gib:g} GiB (stopped)"
         if self.step_s is None:
@@ -119,7 +124,16 @@ def one_row_data(root: Path, seq_len: int) -> Path:
     return path
 
 
-def sft_step(root: Path, model: Path, seq_len: int, chunk: int, cap_gib: float) -> Measured:
+def whole_row_logits_gib(seq_len: int, vocab: int) -> float:
+    """What the whole-row head's float32 logits need: the logits, their log-softmax and the gradient
+    of each live at once in the backward pass, [seq_len x vocab] x 4 bytes each (3 copies fit the
+    measured 1k and 8k peaks within 10%)."""
+    return 3 * seq_len * vocab * 4 / 2**30
+
+
+def sft_step(args: argparse.Namespace, root: Path, model: Path, vocab: int, seq_len: int, chunk: int) -> Measured:
+    if chunk == 0 and (need := whole_row_logits_gib(seq_len, vocab)) > args.max_gib:
+        return Measured(None, None, f"not run: would need ~{need:.0f} GiB")
     run_name = f"sft-{model.name}-{seq_len}-c{chunk}"
     data = one_row_data(root, seq_len)
     cmd = [
@@ -132,7 +146,7 @@ def sft_step(root: Path, model: Path, seq_len: int, chunk: int, cap_gib: float) 
                 "seq_len": seq_len,
                 "batch_size": 1,
                 "micro_batch_size": 1,
-                "max_steps": 2,
+                "max_steps": args.steps,
                 "log_interval": 1,
                 "logits_chunk_size": chunk,
                 "model.lora.rank": 8,
@@ -144,13 +158,13 @@ def sft_step(root: Path, model: Path, seq_len: int, chunk: int, cap_gib: float) 
         "--overwrite",
     ]
     log = root / f"{run_name}.log"
-    status, peak = run_capped(cmd, log, cap_gib)
+    status, peak = run_capped(cmd, log, args.max_gib)
     if status is None:
         return Measured(None, None)
     if status != 0:
         return Measured(peak, None, f"exit {status}, see {log}")
     rows = [json.loads(line) for line in (root / run_name / "metrics.jsonl").read_text().splitlines()]
-    return Measured(peak, rows[-1]["time/step"])
+    return Measured(peak, min(row["time/step"] for row in rows))
 
 
 def memory(args: argparse.Namespace) -> None:
@@ -158,21 +172,29 @@ def memory(args: argparse.Namespace) -> None:
 
     root = args.out / "memory"
     root.mkdir(parents=True, exist_ok=True)
-    chunks = (0, DEFAULT_LOGITS_CHUNK_SIZE)
+    chunks = args.chunks or [0, DEFAULT_LOGITS_CHUNK_SIZE]
+    chunked = [c for c in chunks if c]
     models = {vocab: memory_model(root, vocab) for vocab in VOCABS}
     print(
         f"| seq_len | {' | '.join(f'vocab {v:,}, chunk {c}' for v in VOCABS for c in chunks)} "
-        f"| 151,936 / 259 (chunk {chunks[1]}) |"
+        f"| {' | '.join(f'peak 151,936 / 259, chunk {c}' for c in chunked)} |"
     )
-    print("|" + "---|" * (2 + len(VOCABS) * len(chunks)))
+    print("|" + "---|" * (1 + len(VOCABS) * len(chunks) + len(chunked)))
     for seq_len in args.seq_lens:
-        cells: dict[tuple[int, int], Measured] = {}
-        for vocab in VOCABS:
-            for chunk in chunks:
-                cells[vocab, chunk] = sft_step(root, models[vocab], seq_len, chunk, args.max_gib)
-        small, large = cells[VOCABS[0], chunks[1]].peak_gib, cells[VOCABS[1], chunks[1]].peak_gib
-        ratio = f"{large / small:.2f}x" if small and large else "-"
-        print(f"| {seq_len:,} | {' | '.join(m.cell(args.max_gib) for m in cells.values())} | {ratio} |", flush=True)
+        cells = {
+            (vocab, chunk): sft_step(args, root, models[vocab], vocab, seq_len, chunk)
+            for vocab in VOCABS
+            for chunk in chunks
+        }
+        ratios = [ratio(cells[VOCABS[0], c].peak_gib, cells[VOCABS[1], c].peak_gib) for c in chunked]
+        print(
+            f"| {seq_len:,} | {' | '.join(m.cell(args.max_gib) for m in cells.values())} | {' | '.join(ratios)} |",
+            flush=True,
+        )
+
+
+def ratio(small: float | None, large: float | None) -> str:
+    return f"{large / small:.2f}x" if small and large else "-"
 
 
 def free_port() -> int:
@@ -271,8 +293,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "lorarl-bench-shapes")
     parser.add_argument("--max-gib", type=float, default=16.0, help="stop a configuration past this resident memory")
     parser.add_argument("--seq-lens", type=int, nargs="+", default=list(SEQ_LENS), help="memory: the row widths")
+    parser.add_argument(
+        "--chunks", type=int, nargs="+", help="memory: logits chunk sizes (0: whole row; default: 0 and the default)"
+    )
     parser.add_argument("--ranks", type=int, nargs="+", default=[8, 64], help="rl: the LoRA ranks")
-    parser.add_argument("--steps", type=int, default=3, help="rl: steps per run")
+    parser.add_argument("--steps", type=int, default=3, help="steps per run")
     parser.add_argument("--prompts", type=int, default=2, help="rl: prompts per step")
     parser.add_argument("--rollouts", type=int, default=2, help="rl: rollouts per prompt")
     parser.add_argument("--max-tokens", type=int, default=512, help="rl: tokens per completion")
