@@ -74,12 +74,14 @@ class Result:
 
 
 def grid(dtype: str) -> list[Case]:
+    """Every configuration, without gradient checkpointing first (a run cut short has the whole
+    shape x seq_len x LoRA/full grid of one of them)."""
     return [
         Case(shape, seq_len, lora, checkpointing, dtype)
+        for checkpointing in (False, True)
         for shape in SHAPES
         for seq_len in SEQ_LENS
         for lora in (True, False)
-        for checkpointing in (False, True)
     ]
 
 
@@ -208,7 +210,7 @@ def table(results: list[Result]) -> str:
         "| shape | seq_len | trained | checkpointing | measured GiB | estimate GiB | estimate / measured | RSS GiB |",
         "|---|---:|---|---|---:|---:|---:|---:|",
     ]
-    for r in results:
+    for r in sorted(results, key=lambda r: (list(SHAPES).index(r.case.shape), r.case.seq_len, not r.case.lora)):
         c = r.case
         lines.append(
             f"| {c.shape} | {c.seq_len} | {'LoRA r8' if c.lora else 'full'} | {'on' if c.checkpointing else 'off'} "

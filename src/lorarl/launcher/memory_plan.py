@@ -342,11 +342,8 @@ def rl_memory_plan(cfg: RLConfig, placement: Placement) -> MemoryPlan:
 def _rl_adapter(cfg: RLConfig, shape: ModelShape) -> int | None:
     if cfg.model.full_finetune:
         return None
-    return (
-        sum(adapter_parameters(shape.name, c.lora) for _, c in cfg.variant_configs())
-        if cfg.variants
-        else (adapter_parameters(shape.name, cfg.lora))
-    )
+    configs = [c for _, c in cfg.variant_configs()] if cfg.variants else [cfg]
+    return sum(adapter_parameters(shape.name, c.lora) for c in configs)
 
 
 def _header(shape: ModelShape, device_gib: float, how: str) -> str:
