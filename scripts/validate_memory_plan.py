@@ -102,7 +102,8 @@ def run(case: Case) -> Result:
 
 class TensorPeak(TorchDispatchMode):
     """The most bytes of tensors allocated under it that were alive at once: each new storage an op
-    returns counts until it is freed. (torch's MemTracker measures the same per module, but refuses
+    returns counts until it is freed; views and in-place results of its inputs (a weight's transpose,
+    AdamW's moments) are not new. (torch's MemTracker measures the same per module, but refuses
     a module called more than once in a pass, as the chunked output head is.)"""
 
     def __init__(self) -> None:
@@ -113,14 +114,15 @@ class TensorPeak(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
+        inputs = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
         for tensor in tree_leaves(out):
-            if isinstance(tensor, torch.Tensor):
-                self._count(tensor.untyped_storage())
+            if isinstance(tensor, torch.Tensor) and tensor.untyped_storage().data_ptr() not in inputs:
+                self._count(tensor.untyped_storage())  # not a view of an input, nor an input changed in place
         return out
 
     def _count(self, storage: torch.UntypedStorage) -> None:
         key = storage.data_ptr()
-        if key in self.live or storage.nbytes() == 0:  # a view, an in-place result, or nothing
+        if key in self.live or storage.nbytes() == 0:  # counted already (one output viewing another), or nothing
             return
         self.live[key] = storage.nbytes()
         self.bytes += storage.nbytes()
