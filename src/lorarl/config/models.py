@@ -20,8 +20,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 # vLLM's --max-lora-rank accepts only these values (docs/vllm.md).
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 # Targets per chunk of the output head and its log-softmax (trainer/loss.py): a 151,936-token vocabulary
-# makes a chunk's float32 logits 0.3 GB, about what a row of hidden states costs at real shapes.
-DEFAULT_LOGITS_CHUNK_SIZE = 512
+# makes a chunk's float32 logits 78 MB, so the vocabulary costs a fixed ~0.3 GB instead of growing with
+# the row (docs/real_shapes.md: 1.2-1.4x the peak of a 259-token vocabulary, against 1.7-2.1x at 512).
+# Liger-Kernel's fused linear cross-entropy picks 64-256 rows for Qwen3's shapes, for the same reason.
+DEFAULT_LOGITS_CHUNK_SIZE = 128
 LOGITS_CHUNK_DOC = (
     "Tokens per chunk of the output head: log-probabilities and entropies are computed over the vocabulary "
     "this many tokens at a time and recomputed in the backward pass, so no [tokens x vocab] float32 tensor is "
