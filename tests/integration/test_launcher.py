@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -27,7 +28,7 @@ def test_dry_run_prints_the_vllm_command_and_starts_nothing(tiny_model: Path, tm
     assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True" in result.stdout
     configs = tmp_path / "dry" / "configs"
     assert {p.name for p in configs.iterdir()} == {
-        "trainer.json", "orchestrator.json", "inference.json", "commands.txt", "placement.txt"
+        "trainer.json", "orchestrator.json", "inference.json", "commands.txt", "placement.txt", "memory_plan.txt"
     }  # fmt: skip
     assert result.stdout.startswith("process ") and "placement.txt" in result.stdout
     assert not (tmp_path / "dry" / "logs").exists() or not any((tmp_path / "dry" / "logs").iterdir())
@@ -35,12 +36,14 @@ def test_dry_run_prints_the_vllm_command_and_starts_nothing(tiny_model: Path, tm
 
 
 def test_a_failing_child_stops_the_run_and_shows_its_log(tiny_model: Path, vllm_server: str, tmp_path: Path) -> None:
-    cfg = rl_config(tiny_model, tmp_path, "fails", **{"inference.urls": [vllm_server]})
-    cfg["model"]["lora"]["target_modules"] = ["no_such_module"]  # PEFT refuses: the trainer dies at start
+    # Weights that cannot be read pass every check (they are read only at load): the trainer dies at start.
+    model = Path(shutil.copytree(tiny_model, tmp_path / "broken-model"))
+    (model / "model.safetensors").write_bytes(b"not a safetensors file")
+    cfg = rl_config(model, tmp_path, "fails", **{"inference.urls": [vllm_server]})
     result = run_rl(write_config(cfg, tmp_path / "rl.json"), timeout=300)
     assert result.returncode == 1
     assert "trainer exited with code" in result.stderr
-    assert "no_such_module" in result.stderr  # the tail of the trainer's log
+    assert "deserializing header" in result.stderr  # the tail of the trainer's log
 
 
 def test_two_workers_one_killed_then_sigint_stops_every_process(tiny_model: Path, tmp_path: Path) -> None:

@@ -196,6 +196,10 @@ def _count(model: Any, trainable: bool = False) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable)
 
 
+class AdapterError(ValueError):
+    """[model.lora] cannot wrap the model (apply_lora's message names the key)."""
+
+
 def adapter_parameters(name: str, lora: LoraConfig) -> int:
     """Parameters of the LoRA adapter `lora` on model `name`, counted after PEFT wraps a meta model
     (an init_adapter is counted from [model.lora]'s settings, which it must match)."""
@@ -204,14 +208,15 @@ def adapter_parameters(name: str, lora: LoraConfig) -> int:
 
 @functools.cache
 def _adapter_parameters(name: str, lora_json: str) -> int:
-    import peft
-
-    from lorarl.trainer.model import peft_lora_config
+    from lorarl.trainer.model import apply_lora
 
     found = model_config(name)
     assert found is not None, "model_shape(name) first"
-    lora = peft_lora_config(LoraConfig.model_validate_json(lora_json))
-    return _count(peft.get_peft_model(_meta_model(found[0]), lora), trainable=True)
+    lora = LoraConfig.model_validate_json(lora_json).model_copy(update={"init_adapter": None})
+    try:
+        return _count(apply_lora(_meta_model(found[0]), lora), trainable=True)
+    except ValueError as e:  # target_modules that adapt nothing: the trainer would die at start
+        raise AdapterError(str(e)) from None
 
 
 # ---- the estimates ----------------------------------------------------------------------------

@@ -12,11 +12,12 @@ import os
 import re
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from lorarl.config.models import RLConfig, SFTConfig
 from lorarl.launcher.bundles import plan_bundles, ray_placement
-from lorarl.launcher.memory_plan import MemoryPlan, rl_memory_plan, sft_memory_plan
+from lorarl.launcher.memory_plan import AdapterError, MemoryPlan, rl_memory_plan, sft_memory_plan
 from lorarl.launcher.placement import Placement, place
 from lorarl.orchestrator.envs import check_environment
 from lorarl.plugins import PluginError, load_function
@@ -49,7 +50,7 @@ def check_rl(cfg: RLConfig, gpus: int) -> Placement:
             raise PreflightError(f"{where}{e}") from None
     if not cfg.inference.urls and cfg.cluster.backend == "local":  # Ray's workers listen on their own nodes
         check_ports(cfg.inference.host, cfg.inference.port, cfg.inference.num_workers)
-    check_memory(rl_memory_plan(cfg, placement))
+    check_memory(lambda: rl_memory_plan(cfg, placement))
     return placement
 
 
@@ -116,12 +117,18 @@ def check_sft(cfg: SFTConfig) -> None:
     for path in (cfg.data.path, cfg.data.eval_path):
         if path is not None:
             read_conversations(path, cfg.data.split)
-    check_memory(sft_memory_plan(cfg))
+    check_memory(lambda: sft_memory_plan(cfg))
 
 
-def check_memory(plan: MemoryPlan) -> None:
-    """Every process fits its device by the memory plan (memory_plan.py): else one line naming the keys."""
-    if (problem := plan.problem()) is not None:
+def check_memory(make_plan: Callable[[], MemoryPlan]) -> None:
+    """Every process fits its device by the memory plan (memory_plan.py): else one line naming the keys.
+    Counting the adapter wraps the model with PEFT (on the meta device): target modules that adapt
+    nothing are found here, not when the trainer starts."""
+    try:
+        problem = make_plan().problem()
+    except AdapterError as e:
+        raise PreflightError(str(e)) from None
+    if problem is not None:
         raise PreflightError(problem)
 
 

@@ -120,6 +120,12 @@ CASES: list[Case] = [
     ("rl", rl_args("--model.lora.dropout", "1.5"), "model.lora.dropout"),
     ("rl", rl_args("--model.lora.target_modules", '["q_proj*", "v_proj"]'), "model.lora.target_modules"),
     ("rl", rl_args("--model.lora.target_modules", "(unclosed"), "not a valid regular expression"),
+    # Names the model lacks: found by the memory plan's count of the adapter, before anything starts.
+    (
+        "rl",
+        rl_args("--model.lora.target_modules", '["no_such_module"]'),
+        "target_modules = ['no_such_module'] adapts no",
+    ),
     ("rl", rl_args("--model.lora.modules_to_save", '["lm_head"]'), "modules_to_save"),
     ("rl", rl_args("--model.lora.init_adapter", "{w.root}/no-adapter"), "model.lora.init_adapter"),
     ("rl", rl_args("--model.lora.init_adapter", "{w.adapter}", "--model.lora.rank", "16"), "has r=8"),
@@ -251,6 +257,7 @@ CASES: list[Case] = [
     ("rl", lambda w: ["--model.name", str(w.model), "--dry-run-devices", "2"], "dry_run_devices only pretends"),
     # sft.
     ("sft", sft_args(data="{w.root}/no-data.jsonl"), "no-data.jsonl: no such file"),
+    ("sft", sft_args("--model.lora.target_modules", '["no_such_module"]'), "adapts no module of the model"),
     ("sft", sft_args(data="{w.user}/chapter1.tex"), "expected a .jsonl or .parquet file"),
     ("sft", sft_args(data="{w.root}/inputs/broken.jsonl"), "broken.jsonl:2: malformed record"),
     ("sft", sft_args(data="{w.root}/inputs/latin1.jsonl"), "latin1.jsonl:1: not UTF-8"),
