@@ -251,18 +251,16 @@ def trainer_parts(shape: ModelShape, work: TrainerWork) -> list[Part]:
     else:  # PEFT keeps adapters in float32: weights, gradients, two moments
         trained, step = 16 * work.adapter, 4 * work.adapter
         trained_what = "adapter+grads+AdamW"
-    passing = activation_bytes(shape, work) + logits_bytes(shape, work) + mask_bytes(shape, work)
+    activations, logits, mask = activation_bytes(shape, work), logits_bytes(shape, work), mask_bytes(shape, work)
+    passing = activations + logits + mask
     parts = [
         Part("weights", weights / GIB),
         Part(trained_what, trained / GIB),
-        Part(
-            "activations" + (" (checkpointed)" if work.gradient_checkpointing else ""),
-            activation_bytes(shape, work) / GIB,
-        ),
-        Part(f"logits ({_chunks(work.logits_chunk)})", logits_bytes(shape, work) / GIB),
+        Part("activations" + (" (checkpointed)" if work.gradient_checkpointing else ""), activations / GIB),
+        Part(f"logits ({_chunks(work.logits_chunk)})", logits / GIB),
     ]
     if work.dense_mask:
-        parts.append(Part("attention mask", mask_bytes(shape, work) / GIB))
+        parts.append(Part("attention mask", mask / GIB))
     if step > passing:  # the optimizer step's temporaries outgrow the pass (e.g. full fine-tuning)
         parts.append(Part("optimizer step beyond the pass", (step - passing) / GIB))
     if work.runtime_gib:
