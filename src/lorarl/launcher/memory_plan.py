@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lorarl.config.models import LoraConfig, RLConfig, SFTConfig
+from lorarl.launcher.placement import visible_gpus
 from lorarl.model_shapes import transformers_config
 
 if TYPE_CHECKING:
@@ -328,7 +329,7 @@ def rl_memory_plan(cfg: RLConfig, placement: Placement) -> MemoryPlan:
     if shape is None:
         return MemoryPlan(f"memory plan: none, the shape of {cfg.model.name} is unknown here (no config.json found)")
     # Ray bundles ask for GPUs where this machine has them or a dry run pretends to (bundles.py).
-    on_gpu = placement.on_gpu or (placement.ray and _gpus_here(cfg) > 0)
+    on_gpu = placement.on_gpu or (placement.ray and visible_gpus(cfg) > 0)
     device_gib, how = device_memory(cfg) if on_gpu else (ram_gib(), "")
     plan = MemoryPlan(_header(shape, device_gib, how))
     adapter = _rl_adapter(cfg, shape)
@@ -377,15 +378,6 @@ def device_memory(cfg: RLConfig | SFTConfig) -> tuple[float, str]:
         return DEFAULT_DEVICE_GIB, "assumed: device_memory_gib sets it"
     sizes = [torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count())]
     return min(sizes) / GIB, "as torch reports them"
-
-
-def _gpus_here(cfg: RLConfig | SFTConfig) -> int:
-    """The GPUs this machine has, or a dry run pretends to."""
-    if cfg.dry_run_devices is not None:
-        return cfg.dry_run_devices
-    import torch
-
-    return torch.cuda.device_count()
 
 
 def ram_gib() -> float:
@@ -520,7 +512,7 @@ def _check_ram(plan: MemoryPlan, ram: float) -> None:
 
 def sft_memory_plan(cfg: SFTConfig) -> MemoryPlan:
     """The plan of `sft @ cfg`: its data-parallel ranks, each on a GPU of its own (or the CPU)."""
-    gpus = _gpus_here(cfg)
+    gpus = visible_gpus(cfg)
     shape = model_shape(cfg.model.name)
     if shape is None:
         return MemoryPlan(f"memory plan: none, the shape of {cfg.model.name} is unknown here (no config.json found)")

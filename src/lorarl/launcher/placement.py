@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from lorarl.config.models import RLConfig
+from lorarl.config.models import RLConfig, SFTConfig
 from lorarl.run_folder import RunFolder
 
 LOCAL = "local"  # the node of every process on the local backend
@@ -249,8 +249,9 @@ def worker_gpus(cfg: RLConfig, worker: int) -> str | None:
     return cuda_visible_devices(inference_gpus(cfg, gpus)[worker], parent)
 
 
-def visible_gpus(cfg: RLConfig) -> int:
-    """The GPUs `rl` places processes on: torch's count, or what a dry run pretends (dry_run_devices)."""
+def visible_gpus(cfg: RLConfig | SFTConfig) -> int:
+    """The GPUs `rl` places processes on (and `sft`'s memory plan its ranks): torch's count, or what a
+    dry run pretends (dry_run_devices)."""
     if cfg.dry_run_devices is not None:
         return cfg.dry_run_devices
     import torch
