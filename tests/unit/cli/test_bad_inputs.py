@@ -1,6 +1,7 @@
-"""Bad input to `rl`, `sft` and `merge`: each is refused with exit code 2 and one line that names the
-key, file or line at fault, no traceback, and no file written or deleted anywhere (a previous run,
-a user's folder, the model and the adapter stay as they were).
+"""Bad input to `rl`, `sft` and `merge`, the table's first part: the command line, config files, the
+model, trainer, run folder, environments, inference, placement, sft data and merge. Each case is
+refused with exit code 2 and one line that names the key, file or line at fault, no traceback, and no
+file written or deleted anywhere (see `bad_inputs.assert_refused`).
 
 `rl` cases run with `--dry-run`, which makes every check a real run makes: a case that slipped
 through would exit 0 instead of starting vLLM. Most cases call the commands' `main` in-process
@@ -10,89 +11,15 @@ through would exit 0 instead of starting vLLM. Most cases call the commands' `ma
 from __future__ import annotations
 
 import json
-import os
-import re
 import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import peft
 import pytest
-from transformers import AutoModelForCausalLM
 
-from lorarl.cli import merge, rl, sft
-from lorarl.run_folder import RunFolder
-from lorarl.tiny_model import save_tiny_model
-
-
-class Workspace:
-    """What a user has on disk when the bad input arrives."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.model = save_tiny_model(root / "model", hidden_size=64, num_layers=2)
-        self.adapter = root / "adapter"
-        lora = peft.LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"])
-        peft.get_peft_model(AutoModelForCausalLM.from_pretrained(self.model), lora).save_pretrained(self.adapter)
-        self.out = root / "outputs"
-        previous = RunFolder(self.out / "previous")  # a finished rl run, checkpoint of step 2 included
-        previous.prepare("rl", {}, resume=False, overwrite=False)
-        previous.write_checkpoint_half(2, "trainer", lambda d: (d / "state.json").write_text('{"step": 2}'))
-        previous.metrics.write_text('{"step": 1, "component": "trainer"}\n')
-        self.user = root / "thesis"  # a user's own folder
-        self.user.mkdir()
-        (self.user / "chapter1.tex").write_text("precious")
-        (self.out / "mine").mkdir(parents=True)
-        (self.out / "mine" / "notes.txt").write_text("mine")
-        self.earlier_merge = root / "merged"
-        self.earlier_merge.mkdir()
-        (self.earlier_merge / "lorarl-merge.json").write_text("{}")
-        (self.earlier_merge / "config.json").write_text("{}")
-        self.data = self.write("chat.jsonl", json.dumps({"prompt": "abc", "completion": "cba"}) + "\n")
-
-    def write(self, name: str, text: str | bytes) -> Path:
-        path = self.root / "inputs" / name
-        path.parent.mkdir(exist_ok=True)
-        path.write_bytes(text if isinstance(text, bytes) else text.encode())
-        return path
-
-    def snapshot(self) -> dict[str, tuple[int, int]]:
-        return {str(p.relative_to(self.root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in self.root.rglob("*")}
-
-
-@pytest.fixture(scope="module")
-def ws(tmp_path_factory: pytest.TempPathFactory) -> Workspace:
-    return Workspace(tmp_path_factory.mktemp("bad-inputs"))
-
-
-Case = tuple[str, Callable[[Workspace], list[str]], str]  # (command, its arguments, what the message names)
-
-
-def fill(arg: str, w: Workspace) -> str:
-    """`{w.model}` and the like replaced by the workspace's paths (JSON braces left alone)."""
-    return re.sub(r"\{w\.(\w+)\}", lambda m: str(getattr(w, m.group(1))), arg)
-
-
-def rl_args(*args: str, run_name: str = "new") -> Callable[[Workspace], list[str]]:
-    return lambda w: ["--model.name", str(w.model), "--output_dir", str(w.out), "--run_name", run_name,
-                      *(fill(a, w) for a in args), "--dry-run"]  # fmt: skip
-
-
-def sft_args(*args: str, data: str = "{w.data}", run_name: str = "new-sft") -> Callable[[Workspace], list[str]]:
-    return lambda w: ["--model.name", str(w.model), "--output_dir", str(w.out), "--run_name", run_name,
-                      "--data.path", fill(data, w), *(fill(a, w) for a in args)]  # fmt: skip
-
-
-def merge_args(base: str = "{w.model}", adapter: str = "{w.adapter}", out: str = "{w.root}/new-merge",
-               *more: str) -> Callable[[Workspace], list[str]]:  # fmt: skip
-    return lambda w: ["--base", fill(base, w), "--adapter", fill(adapter, w), "--out", fill(out, w), *more]
-
-
-def file_arg(name: str, text: str | bytes) -> Callable[[Workspace], str]:
-    return lambda w: str(w.write(name, text))
-
+from tests.unit.cli.bad_inputs import Case, Workspace, assert_refused, case_ids, merge_args, refused, rl_args, sft_args
 
 CASES: list[Case] = [
     # The command line and config files.
@@ -278,10 +205,9 @@ CASES: list[Case] = [
     ("merge", merge_args(adapter="{w.user}"), "--adapter"),
     ("merge", merge_args(base="{w.root}/no-model"), "--base"),
 ]
-COMMANDS = {"rl": rl.main, "sft": sft.main, "merge": merge.main}
 
 
-@pytest.fixture(scope="module", autouse=True)
+@pytest.fixture(scope="session", autouse=True)
 def data_files(ws: Workspace) -> None:
     ws.write("broken.jsonl", json.dumps({"prompt": "a", "completion": "b"}) + "\n{oops\n")
     ws.write("latin1.jsonl", b'{"prompt": "caf\xe9", "completion": "b"}\n')
@@ -296,29 +222,11 @@ def port_taken(ws: Workspace) -> Iterator[int]:
         yield int(s.getsockname()[1])
 
 
-def refused(command: str, argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
-    with pytest.raises(SystemExit) as exit_info:
-        COMMANDS[command](argv)
-    err = capsys.readouterr().err
-    assert exit_info.value.code == 2, err
-    return err
-
-
-@pytest.mark.parametrize(("command", "args", "names"), CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
+@pytest.mark.parametrize(("command", "args", "names"), CASES, ids=case_ids(CASES))
 def test_bad_input_is_refused_in_one_line_and_touches_nothing(
     ws: Workspace, capsys: pytest.CaptureFixture[str], command: str, args: Callable[[Workspace], list[str]], names: str
 ) -> None:
-    argv = args(ws)
-    before = ws.snapshot()
-    cwd = os.getcwd()
-    os.chdir(ws.root)  # nothing may land in the working directory either
-    try:
-        err = refused(command, argv, capsys)
-    finally:
-        os.chdir(cwd)
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and names in lines[0], err
-    assert ws.snapshot() == before
+    assert_refused(ws, capsys, command, args(ws), names)
 
 
 def test_a_port_in_use_is_named(ws: Workspace, port_taken: int, capsys: pytest.CaptureFixture[str]) -> None:
