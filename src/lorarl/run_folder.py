@@ -1,6 +1,7 @@
 """The run folder (`output_dir/run_name/`): the one place that knows its layout.
 
     run.json              the marker: lorarl wrote this folder (kind, run name, config hash, start)
+    .lorarl-written       the record of the files lorarl wrote here (written.py)
     configs/  logs/       per-process configs and commands; one log per process
     rollouts/step_N/      the batch for trainer step N
     broadcasts/step_N/    the adapter after step N (PEFT folder, STABLE last; updated_at.json: when
@@ -13,9 +14,10 @@ rollouts/<variant>/step_N/, broadcasts/<variant>/step_N/, checkpoints/<variant>/
 samples/<variant>/step_N.jsonl, through its view `RunFolder.for_variant(name)`; the rest is shared.
 
 Folders that another process reads are written under a temporary name and renamed, and adapter
-folders get `STABLE` last, so a reader never sees a half-written step. A folder is cleared only if
-its marker says lorarl wrote it, and then only the entries lorarl writes: a user's files are never
-touched.
+folders get `STABLE` last, so a reader never sees a half-written step. Every file lorarl writes here
+is in the folder's record (written.py); a folder is cleared only if its marker says lorarl wrote it,
+and then only of the files its record lists: a user's files are never touched, and where one would
+mislead the run (a stale batch or checkpoint among lorarl's), the run is refused naming it.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import datetime
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -31,18 +34,38 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-STABLE = "STABLE"
+from lorarl.written import (
+    MANIFEST,
+    STABLE,
+    foreign_files,
+    forget_missing,
+    manifest_problem,
+    record,
+    record_root,
+    record_written,
+    remove_folder,
+    remove_written,
+    unwritten,
+    write_manifest,
+    written_files,
+)
+
+log = logging.getLogger("lorarl.run_folder")
 MARKER = "run.json"
 METRICS = "metrics.jsonl"
 BATCH_FILE = "rollouts.jsonl"  # in rollouts/step_N/: one rollout per line
 LOCK = ".lock"  # held (flock) by the `rl` or `sft` process while the run is alive
-MANIFEST = "MANIFEST.json"
 UPDATED_AT = "updated_at.json"  # in broadcasts/step_N/: {"time": Unix time its optimizer step ended}
 _STEP = re.compile(r"^step_(\d+)$")
-# Everything lorarl writes at the top of a run folder; clearing never reaches beyond these.
+_NAME_MAX = 255  # bytes in one file name, on every file system lorarl runs on
+# Everything lorarl writes at the top of a run folder; clearing never reaches beyond these, and
+# within them removes only the files the folder's record lists.
 _OUTPUTS = ("configs", "logs", "rollouts", "broadcasts", "samples", "checkpoints", "final", "plots", METRICS)
 # What a resumed run writes again from its checkpoint on; checkpoints and metrics carry over.
 _REGENERATED = ("rollouts", "broadcasts", "samples")
+# Where a file lorarl did not write would be taken for the run's own (a batch, an adapter, a checkpoint,
+# metrics): a run that would keep one there is refused. Elsewhere (configs, logs, plots) it just stays.
+_READ = (*_REGENERATED, "checkpoints", "final", METRICS)
 
 
 class RunFolderError(Exception):
@@ -103,18 +126,28 @@ class RunFolder:
 
     def checkpoint_steps(self) -> list[int]:
         """Steps whose checkpoint is complete, oldest first: the trainer half, and every other half
-        it has (the orchestrator's, written before the trainer's), hold all their manifest lists."""
-        return sorted(s for s in step_folders(self._steps("checkpoints")) if self._checkpoint_complete(s))
+        it has (the orchestrator's, written before the trainer's), hold all their manifest lists at
+        the sizes listed (their checksums are verified by `resume_step`, on the one it picks)."""
+        return sorted(s for s in step_folders(self._steps("checkpoints")) if not self.checkpoint_problem(s, False))
 
-    def _checkpoint_complete(self, step: int) -> bool:
-        halves = [p for p in self.checkpoint(step).iterdir() if not p.name.startswith(".")]
-        return self.trainer_checkpoint(step) in halves and all(verify_manifest(half) for half in halves)
+    def checkpoint_problem(self, step: int, checksums: bool = True) -> str | None:
+        """Why the checkpoint of `step` cannot be resumed from (a few words naming the file), or None."""
+        halves = [p for p in self.checkpoint(step).iterdir() if p.is_dir() and not p.name.startswith(".")]
+        if self.trainer_checkpoint(step) not in halves:
+            return "it has no trainer half"
+        return next(filter(None, (manifest_problem(half, checksums) for half in halves)), None)
 
     def write_checkpoint_half(self, step: int, half: str, write: Callable[[Path], object]) -> Path:
-        """Write `checkpoints/step_N/<half>/` (trainer or orchestrator) whole or not at all."""
+        """Write `checkpoints/step_N/<half>/` (trainer or orchestrator) whole or not at all, with the
+        SHA-256 of each file in its manifest."""
         dest = self.checkpoint(step) / half
-        write_folder_atomically(dest, write, manifest=True)
+        write_folder_atomically(dest, write, checksums=True)
         return dest
+
+    def remove_checkpoint(self, step: int) -> None:
+        """Delete the checkpoint of `step`: the files lorarl wrote in it (a user's stay)."""
+        for half in (p for p in self.checkpoint(step).iterdir() if p.is_dir()):
+            remove_folder(half, self.root)
 
     def sweep_checkpoint_steps(self, variants: Sequence[str] = ()) -> list[int]:
         """Steps whose checkpoint is complete for every variant named (none named: this view's), oldest
@@ -123,16 +156,22 @@ class RunFolder:
         return sorted(set.intersection(*(set(view.checkpoint_steps()) for view in views)))
 
     def resume_step(self, step: int | None, variants: Sequence[str] = ()) -> int:
-        """The step a run resumes from: `step`, or the latest complete checkpoint when None (with
-        `variants`, complete for each of them)."""
+        """The step a run resumes from: `step`, or when None the latest checkpoint that is whole (every
+        file at its size and SHA-256; with `variants`, for each of them). Each newer one skipped is
+        logged with the file at fault, and the step chosen too."""
+        views = [self.for_variant(v) for v in variants] or [self]
         steps = self.sweep_checkpoint_steps(variants)
-        if not steps:
-            raise RunFolderError(f"--resume: no complete checkpoint in {self.root}")
+        for candidate in reversed(steps if step is None else [s for s in steps if s == step]):
+            problem = next(filter(None, (view.checkpoint_problem(candidate) for view in views)), None)
+            if problem is None:
+                log.info("resuming from checkpoint step %d in %s", candidate, self.root)
+                return candidate
+            if step is not None:
+                raise RunFolderError(f"--resume.step {step}: its checkpoint is damaged: {problem}")
+            log.warning("skipping checkpoint step %d: %s", candidate, problem)
         if step is None:
-            return steps[-1]
-        if step not in steps:
-            raise RunFolderError(f"--resume.step {step}: no complete checkpoint of that step in {self.root} ({steps})")
-        return step
+            raise RunFolderError(f"--resume: no complete checkpoint in {self.root}")
+        raise RunFolderError(f"--resume.step {step}: no complete checkpoint of that step in {self.root} ({steps})")
 
     def latest_stable_broadcast(self) -> int | None:
         """The highest step whose adapter folder is complete, or None."""
@@ -156,8 +195,7 @@ class RunFolder:
             raise RunFolderError("--resume continues a run and --overwrite starts it over: give one of them")
         if self.is_alive():
             raise RunFolderError(f"{self.root} belongs to a run that is still going: stop it, or pick another run_name")
-        if self.root.exists() and not self.root.is_dir():
-            raise RunFolderError(f"{self.root} is a file, not a run folder: choose another output_dir or run_name")
+        self._check_path()
         entries = list(self.root.iterdir()) if self.root.is_dir() else []
         marker = self._read_marker() if entries else None
         if entries and marker is None:
@@ -176,9 +214,11 @@ class RunFolder:
                 f"{self.root} holds a previous {previous.get('kind')} run (started {previous.get('started')}): "
                 "continue it with --resume, or start over with --overwrite, which deletes its outputs"
             )
+        if marker is not None:
+            self._refuse_unwritten("--resume" if resume else "--overwrite")
         if dry_run:
             if marker is None:
-                self.root.mkdir(parents=True, exist_ok=True)
+                self._make_root()
                 self._write_marker(kind, config, None, dry_run=True)
             return f"dry run: {self.root} checked, nothing cleared"
         if resume:
@@ -186,17 +226,53 @@ class RunFolder:
             self._rotate_logs()
             done = f"resuming the {kind} run in {self.root}"
         elif marker is not None:
-            self._remove(_OUTPUTS)
-            done = f"cleared the previous run's outputs in {self.root}"
+            remove_written(self.root, _OUTPUTS)
+            done = f"cleared the previous run's outputs in {self.root} (the files lorarl wrote there)"
         else:
             done = f"new run folder {self.root}"
-        self.root.mkdir(parents=True, exist_ok=True)
+        self._make_root()
+        forget_missing(self.root)
         self._write_marker(kind, config, previous if resume else None)
         return done
+
+    def _check_path(self) -> None:
+        """The run folder can be made and written (the rest, e.g. a file system that refuses even root,
+        `_make_root` finds)."""
+        if problem := unwritable(self.root):
+            raise RunFolderError(f"{self.root}: {problem}: choose another output_dir or run_name")
+
+    def _make_root(self) -> None:
+        """Create the run folder and its record (the first thing written in a new one)."""
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            record(self.root, [self.marker])
+        except OSError as e:
+            raise RunFolderError(
+                f"{self.root}: cannot create the run folder ({e.strerror}): choose another output_dir"
+            ) from None
+
+    def _refuse_unwritten(self, flag: str) -> None:
+        """Refuse, naming it, a file that lorarl did not write where the run would take it for its own."""
+        if found := unwritten(self.root, _READ):
+            more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+            raise RunFolderError(
+                f"{flag}: {found[0]}{more} was not written by lorarl (not in {self.root.name}/.lorarl-written) "
+                "and would be taken for the run's own: move it out of the run folder, or choose another run_name"
+            )
+
+    def check_prepared(self, command: str) -> None:
+        """`command` (the trainer or the orchestrator, run alone) writes only into a folder lorarl
+        prepared: one with its marker."""
+        if self._read_marker() is None:
+            raise RunFolderError(
+                f"{self.root} is not a run folder (no {MARKER}): {command} run alone writes only into one that "
+                "`rl` prepared; run `rl --dry-run` with this config first, or check output_dir and run_name"
+            )
 
     def hold_lock(self) -> None:
         """Mark the run alive for as long as this process lives (the lock goes with it, even on SIGKILL)."""
         fd = os.open(self.root / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        record(self.root, [self.root / LOCK])
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # prepare() checked no one holds it
         os.set_inheritable(fd, True)  # kept across `sft`'s exec into torchrun; Popen children never get it
         self._lock_fd = fd
@@ -218,8 +294,9 @@ class RunFolder:
             os.close(fd)
 
     def clear_regenerated(self) -> None:
-        """Remove what a resumed run writes again from its checkpoint on (batches, adapters, samples)."""
-        self._remove(_REGENERATED)
+        """Remove what a resumed run writes again from its checkpoint on (batches, adapters, samples):
+        the files of them that lorarl wrote."""
+        remove_written(self.root, _REGENERATED)
 
     def _read_marker(self) -> dict[str, Any] | None:
         try:
@@ -239,20 +316,16 @@ class RunFolder:
                   **({"dry_run": True} if dry_run else {})}  # fmt: skip
         write_file_atomically(self.marker, json.dumps(marker, indent=2) + "\n")
 
-    def _remove(self, names: tuple[str, ...]) -> None:
-        for path in (self.root / name for name in names):
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path)
-            elif path.exists() or path.is_symlink():
-                path.unlink()
-
     def _rotate_logs(self) -> None:
-        logs = sorted(self.logs.glob("*.log")) if self.logs.is_dir() else []
+        """Move the logs lorarl wrote to logs/previous-<time>/ (a user's stay where they are)."""
+        mine = written_files(self.root)
+        logs = [p for p in sorted(self.logs.glob("*.log")) if p in mine] if self.logs.is_dir() else []
         if logs:
             kept = self.logs / f"previous-{datetime.datetime.now(datetime.UTC):%Y%m%dT%H%M%S}"
             kept.mkdir()
-            for log in logs:
-                log.rename(kept / log.name)
+            for old in logs:
+                old.rename(kept / old.name)
+            record(self.root, [kept / old.name for old in logs])
 
 
 def step_folders(parent: Path) -> list[int]:
@@ -262,25 +335,43 @@ def step_folders(parent: Path) -> list[int]:
     return [int(m.group(1)) for p in parent.iterdir() if (m := _STEP.match(p.name))]
 
 
+def unwritable(path: Path) -> str | None:
+    """Why no folder can be made or written at `path`, found without writing: a file on its path, or
+    its nearest existing folder not writable by this process; None when it looks writable."""
+    if long := next((part for part in path.parts if len(os.fsencode(part)) > _NAME_MAX), None):
+        return f"the name {long[:16]}... is longer than a file system allows ({_NAME_MAX} bytes)"
+    try:
+        existing = next(p for p in (path, *path.parents) if p.exists())
+    except OSError as e:  # e.g. a folder on the path that this process may not search
+        return f"{e.filename}: {e.strerror}"
+    if not existing.is_dir():
+        return f"{existing} is {'a file' if existing.is_file() else 'not a folder'}, not a folder to write in"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing} is not writable"
+    return None
+
+
 def write_folder_atomically(
-    dest: Path, write: Callable[[Path], object], stable_marker: bool = False, manifest: bool = False
+    dest: Path, write: Callable[[Path], object], stable_marker: bool = False, checksums: bool = False
 ) -> None:
     """Run `write(tmp)` into a temporary sibling folder, make it durable (fsync), then rename it
     to `dest`. A folder already at `dest` is first renamed aside, so a reader (or a crash) sees the
     old folder, no folder, or the new one, never a mix.
 
-    With `manifest`, MANIFEST.json (every file and its size) is written last, so that a reader can
-    verify the folder is whole (`verify_manifest`). With `stable_marker`, an empty `STABLE` file is
-    added after the rename, for readers that poll for it (vLLM adapter loading).
+    MANIFEST.json (every file and its size; with `checksums` its SHA-256 too) is written last: it is
+    the record of the folder's files (written.py) and lets a reader verify the folder is whole
+    (`manifest_problem`). With `stable_marker`, an empty `STABLE` file is added after the rename, for
+    readers that poll for it (vLLM adapter loading). Files that the folder at `dest` held and lorarl
+    did not write move into the new one; one that the new folder also has is refused (RunFolderError,
+    nothing replaced).
     """
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.rmtree(tmp, ignore_errors=True)  # this process's own temporary, left by a crash
     tmp.mkdir(parents=True)
     write(tmp)
-    if manifest:
-        files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
-        (tmp / MANIFEST).write_text(json.dumps(files, indent=1) + "\n")
+    write_manifest(tmp, checksums)
+    kept = _users_files(dest, tmp)
     _fsync_tree(tmp)
     old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
     if dest.exists():
@@ -289,27 +380,38 @@ def write_folder_atomically(
     if stable_marker:
         (dest / STABLE).touch()
         _fsync(dest / STABLE)
+    for name in kept:
+        (dest / name).parent.mkdir(parents=True, exist_ok=True)
+        os.replace(old / name, dest / name)
     _fsync(dest.parent)
-    shutil.rmtree(old, ignore_errors=True)
+    if old.exists():
+        remove_folder(old)
+    if (root := record_root(dest.parent)) is not None:
+        record(root, [dest])
 
 
-def verify_manifest(folder: Path) -> bool:
-    """Whether `folder` holds every file its MANIFEST.json lists, at the size listed."""
-    try:
-        files = json.loads((folder / MANIFEST).read_text())
-        return all((folder / name).stat().st_size == size for name, size in files.items())
-    except (OSError, ValueError, AttributeError):
-        return False
+def _users_files(dest: Path, new: Path) -> list[Path]:
+    """The files in the folder at `dest` that lorarl did not write, relative to it; RunFolderError
+    (and `new` removed) if the new folder would replace one."""
+    found = [p.relative_to(dest) for p in foreign_files(dest)] if dest.is_dir() else []
+    if clash := next((name for name in found if (new / name).exists() or (new / name).is_symlink()), None):
+        shutil.rmtree(new)
+        raise RunFolderError(
+            f"{dest / clash} was not written by lorarl (not in {dest.name}/{MANIFEST}) and would be replaced: "
+            "it is left untouched; move it away, or write elsewhere"
+        )
+    return found
 
 
 def write_file_atomically(dest: Path, text: str) -> None:
     """Write `text` to a temporary sibling, fsync it, then rename it over `dest`: a reader sees the
-    old file or the new one, never a half-written one."""
+    old file or the new one, never a half-written one. The file goes into the folder's record."""
     tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
     tmp.write_text(text)
     _fsync(tmp)
     os.replace(tmp, dest)
     _fsync(dest.parent)
+    record_written(dest)
 
 
 def _fsync_tree(root: Path) -> None:

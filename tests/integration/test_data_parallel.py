@@ -43,6 +43,7 @@ def train_one_step(tiny_model: Path, out: Path, name: str, dp: int, **trainer: A
     cfg["trainer"] = {"optim": {"lr": 1e-2}, "micro_batch_size": 2, "num_threads": 1, **trainer}
     cfg["trainer"]["parallel"] = {"dp": dp, **cfg["trainer"].get("parallel", {})}
     run = RunFolder(out / name)
+    run.prepare("rl", cfg, resume=False, overwrite=False)  # the trainer alone writes only into a prepared folder
     write_batch(run)
     config = write_config(cfg, out / f"{name}.json")
     result = subprocess.run(

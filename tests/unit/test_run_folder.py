@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from lorarl.run_folder import RunFolder, RunFolderError, write_folder_atomically
+from lorarl.written import RECORD, record_written, recorded, written_files
 
 
 def test_latest_stable_broadcast_ignores_unfinished_folders(tmp_path: Path) -> None:
@@ -27,16 +28,29 @@ def prepare(root: Path, resume: bool = False, overwrite: bool = False, dry_run: 
 
 
 def finished_run(root: Path) -> RunFolder:
-    """A folder as a finished run leaves it, plus a file of the user's."""
+    """A folder as a finished run leaves it (each file recorded as lorarl's writers record it), plus
+    files of the user's: one at the top, one in logs/, one in plots/."""
     prepare(root)
     run = RunFolder(root).create()
     run.write_checkpoint_half(2, "trainer", lambda d: (d / "state.json").write_text("{}"))
-    for path in (run.metrics, run.rollouts(1) / "rollouts.jsonl",
-                 run.logs / "trainer.log", run.samples(1), run.final / "adapter_config.json"):  # fmt: skip
+    write_folder_atomically(run.rollouts(1), lambda d: (d / "rollouts.jsonl").write_text("{}"))
+    for path in (
+        run.metrics,
+        run.logs / "trainer.log",
+        run.samples(1),
+        run.final / "adapter_config.json",
+        run.plots / "reward.png",
+    ):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("{}")
-    (root / "notes.txt").write_text("mine")
+        record_written(path)
+    for path in (root / "notes.txt", run.logs / "my-notes.log", run.plots / "my-figure.png"):
+        path.write_text("mine")
     return run
+
+
+def users_files(run: RunFolder) -> list[Path]:
+    return [run.root / "notes.txt", run.logs / "my-notes.log", run.plots / "my-figure.png"]
 
 
 def test_a_new_folder_gets_the_marker_and_a_second_run_needs_resume_or_overwrite(tmp_path: Path) -> None:
@@ -52,20 +66,57 @@ def test_a_new_folder_gets_the_marker_and_a_second_run_needs_resume_or_overwrite
     assert sorted(p.relative_to(run.root) for p in run.root.rglob("*")) == before
 
 
-def test_overwrite_clears_only_what_lorarl_writes(tmp_path: Path) -> None:
+def test_overwrite_clears_only_what_lorarl_wrote(tmp_path: Path) -> None:
     run = finished_run(tmp_path / "r")
     prepare(run.root, overwrite=True)
-    assert sorted(p.name for p in run.root.iterdir()) == ["notes.txt", "run.json"]
+    left = sorted(str(p.relative_to(run.root)) for p in run.root.rglob("*") if p.is_file())
+    assert left == [".lorarl-written", "logs/my-notes.log", "notes.txt", "plots/my-figure.png", "run.json"]
+    assert all(p.read_text() == "mine" for p in users_files(run))
+    assert recorded(run.root) == ["run.json"]  # the record forgets what was removed
+
+
+@pytest.mark.parametrize(
+    "place",
+    [
+        "checkpoints/step_2/trainer/extra.pt",
+        "rollouts/step_7/rollouts.jsonl",
+        "broadcasts/step_1/adapter_model.safetensors",
+        "final/adapter_model.bin",
+        "samples/step_9.jsonl",
+    ],
+)
+def test_a_file_lorarl_did_not_write_where_the_run_reads_is_refused_by_name(tmp_path: Path, place: str) -> None:
+    run = finished_run(tmp_path / "r")
+    (run.root / place).parent.mkdir(parents=True, exist_ok=True)
+    (run.root / place).write_text("not lorarl's")
+    before = sorted(p.relative_to(run.root) for p in run.root.rglob("*"))
+    for flags in ({"overwrite": True}, {"overwrite": True, "dry_run": True}):
+        with pytest.raises(RunFolderError, match=f"--overwrite: .*{place} was not written by lorarl"):
+            prepare(run.root, **flags)
+    with pytest.raises(RunFolderError, match=f"--resume: .*{place} was not written by lorarl"):
+        prepare(run.root, resume=True)
+    assert sorted(p.relative_to(run.root) for p in run.root.rglob("*")) == before
+
+
+def test_a_run_folder_without_a_record_is_not_cleared(tmp_path: Path) -> None:
+    """One written before lorarl kept records: nothing in it can be told from a user's file."""
+    run = finished_run(tmp_path / "r")
+    (run.root / RECORD).unlink()
+    with pytest.raises(RunFolderError, match="was not written by lorarl"):
+        prepare(run.root, overwrite=True)
+    assert run.metrics.is_file() and run.checkpoint_steps() == [2]
 
 
 def test_resume_keeps_checkpoints_and_metrics_and_rotates_logs(tmp_path: Path) -> None:
     run = finished_run(tmp_path / "r")
     started = json.loads(run.marker.read_text())["started"]
     prepare(run.root, resume=True)
-    assert run.checkpoint_steps() == [2] and run.metrics.is_file() and (run.root / "notes.txt").is_file()
+    assert run.checkpoint_steps() == [2] and run.metrics.is_file()
+    assert all(p.read_text() == "mine" for p in users_files(run))  # my-notes.log is not rotated: not lorarl's
     assert not run.rollouts(1).exists() and not run.samples(1).exists()
     (kept,) = run.logs.glob("previous-*/trainer.log")
     assert kept.read_text() == "{}"
+    assert kept in written_files(run.root)  # an overwrite later removes it
     marker = json.loads(run.marker.read_text())
     assert marker["started"] == started and len(marker["resumed"]) == 1
     with pytest.raises(RunFolderError, match="holds an rl run, not an sft run"):
@@ -84,8 +135,9 @@ def test_a_folder_lorarl_did_not_write_is_never_touched(tmp_path: Path) -> None:
             prepare(user, **flags)
     assert (user / "checkpoints" / "chapter1.tex").read_text() == "precious"
     (tmp_path / "file").write_text("x")
-    with pytest.raises(RunFolderError, match="is a file"):
-        prepare(tmp_path / "file", overwrite=True)
+    for path in (tmp_path / "file", tmp_path / "file" / "run", Path("/dev/null"), Path("/dev/null/run")):
+        with pytest.raises(RunFolderError, match="is a file, not a folder|is not a folder"):
+            prepare(path, overwrite=True)
     with pytest.raises(RunFolderError, match="holds no run to resume"):
         prepare(tmp_path / "empty", resume=True)
     assert not (tmp_path / "empty").exists()
@@ -134,7 +186,7 @@ def test_killed_writers_never_leave_a_partial_checkpoint_or_adapter(tmp_path: Pa
     for _ in range(100):
         proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(tmp_path)], stdout=subprocess.PIPE)
         assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
-        time.sleep(rng.uniform(0, 0.05))
+        time.sleep(rng.uniform(0, 0.2))  # one round of both writes: ~0.1 s here
         proc.kill()
         proc.wait()
         if run.checkpoint_steps() == [1]:
@@ -158,3 +210,50 @@ def test_a_variants_view_has_its_step_folders_under_its_name(tmp_path: Path) -> 
     assert view.latest_stable_broadcast() == 2 and run.latest_stable_broadcast() is None
     with pytest.raises(RunFolderError, match="no complete checkpoint"):
         run.resume_step(None, ["r16", "r1"])
+
+
+def corrupt_same_size(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_a_checkpoint_damaged_at_the_same_size_is_skipped_and_said(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    run = RunFolder(tmp_path)
+    for step in (2, 4):
+        run.write_checkpoint_half(step, "trainer", lambda d: (d / "optimizer.pt").write_bytes(bytes(range(256))))
+    corrupt_same_size(run.trainer_checkpoint(4) / "optimizer.pt")
+    assert run.checkpoint_steps() == [2, 4]  # sizes alone cannot tell
+    assert run.checkpoint_problem(4) == f"{run.trainer_checkpoint(4) / 'optimizer.pt'} does not match its SHA-256"
+    with caplog.at_level("INFO", logger="lorarl.run_folder"):
+        assert run.resume_step(None) == 2
+    assert "skipping checkpoint step 4: " in caplog.text and "does not match its SHA-256" in caplog.text
+    assert "resuming from checkpoint step 2" in caplog.text
+    with pytest.raises(RunFolderError, match="--resume.step 4: its checkpoint is damaged: .*optimizer.pt"):
+        run.resume_step(4)
+
+
+def test_removing_a_checkpoint_or_replacing_a_folder_keeps_a_users_file(tmp_path: Path) -> None:
+    run = finished_run(tmp_path / "r")
+    mine = run.trainer_checkpoint(2) / "my-notes.txt"
+    mine.write_text("mine")
+    run.remove_checkpoint(2)
+    assert mine.read_text() == "mine" and sorted(p.name for p in run.trainer_checkpoint(2).iterdir()) == [mine.name]
+    folder = run.broadcast(1)
+    write_folder_atomically(folder, lambda d: (d / "adapter.bin").write_text("old"), stable_marker=True)
+    (folder / "README.txt").write_text("mine")
+    write_folder_atomically(folder, lambda d: (d / "adapter.bin").write_text("new"), stable_marker=True)
+    assert (folder / "adapter.bin").read_text() == "new" and (folder / "README.txt").read_text() == "mine"
+    with pytest.raises(RunFolderError, match="README.txt was not written by lorarl .* would be replaced"):
+        write_folder_atomically(folder, lambda d: (d / "README.txt").write_text("lorarl's"))
+    assert (folder / "README.txt").read_text() == "mine" and (folder / "adapter.bin").read_text() == "new"
+    assert not list(folder.parent.glob(".step_1.*"))  # no temporary left behind
+
+
+def test_trainer_or_orchestrator_alone_needs_a_prepared_folder(tmp_path: Path) -> None:
+    with pytest.raises(RunFolderError, match="not a run folder .* trainer run alone writes only into one"):
+        RunFolder(tmp_path / "r").check_prepared("trainer")
+    prepare(tmp_path / "r", dry_run=True)
+    RunFolder(tmp_path / "r").check_prepared("trainer")

@@ -14,6 +14,7 @@ from pathlib import Path
 from lorarl.cli.common import setup_logging
 from lorarl.launcher.preflight import PreflightError
 from lorarl.merge import merge
+from lorarl.run_folder import RunFolderError
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -24,15 +25,16 @@ def main(argv: list[str] | None = None) -> None:
         "--out",
         required=True,
         type=Path,
-        help="the model folder to write: new or empty, or an earlier merge output with --overwrite",
+        help="the model folder to write: new or empty, or an earlier merge output with --overwrite (which\n"
+        "replaces the files the earlier merge wrote, listed in its MANIFEST.json, and keeps any other)",
     )
-    parser.add_argument("--overwrite", action="store_true", help="replace --out if it holds an earlier merge output")
+    parser.add_argument("--overwrite", action="store_true", help="replace an earlier merge output at --out")
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="default: the base model's")
     args = parser.parse_args(argv)
     setup_logging("merge")
     try:
         merge(args.base, args.adapter, args.out, args.dtype, args.overwrite)
-    except (FileNotFoundError, ValueError, PreflightError) as e:
+    except (OSError, ValueError, PreflightError, RunFolderError) as e:  # OSError: e.g. a file system refusing root
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
 

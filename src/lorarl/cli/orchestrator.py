@@ -1,15 +1,20 @@
-"""`orchestrator @ cfg.toml`: the rollout loop alone (reads [model], [orchestrator], [inference])."""
+"""`orchestrator @ cfg.toml`: the rollout loop alone (reads [model], [orchestrator], [inference]).
+
+Run alone, it writes only into a run folder that lorarl prepared (see `trainer`).
+"""
 
 from __future__ import annotations
 
 import asyncio
 
 from lorarl.cli.common import load_or_exit, setup_logging
+from lorarl.cli.trainer import prepared_or_exit
 from lorarl.config.models import RLConfig
 
 
 def main(argv: list[str] | None = None) -> None:
     cfg = load_or_exit(RLConfig, argv)
+    prepared_or_exit(cfg, "orchestrator")
     setup_logging("orchestrator")
     from lorarl.orchestrator.orchestrator import orchestrate
 

@@ -16,6 +16,7 @@ from lorarl.launcher.placement import visible_gpus
 from lorarl.launcher.plan import plan_run
 from lorarl.launcher.preflight import PreflightError, check_rl
 from lorarl.run_folder import RunFolder, RunFolderError
+from lorarl.written import record_written
 
 log = logging.getLogger("lorarl.rl")
 
@@ -38,6 +39,7 @@ def main(argv: list[str] | None = None) -> None:
     specs = plan_run(cfg, run, placement)
     memory = rl_memory_plan(cfg, placement).table()  # checked by check_rl; the model's shape is cached
     (run.configs / "memory_plan.txt").write_text(memory)
+    record_written(run.configs / "memory_plan.txt")
     if cfg.dry_run:
         print(placement.table())
         print(memory)

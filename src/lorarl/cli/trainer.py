@@ -1,17 +1,39 @@
-"""`trainer @ cfg.toml`: the RL trainer alone (reads [model], [trainer] and the top-level keys)."""
+"""`trainer @ cfg.toml`: the RL trainer alone (reads [model], [trainer] and the top-level keys).
+
+Run alone, it writes only into a run folder that lorarl prepared (its run.json: `rl`, or `rl --dry-run`,
+makes it), so that it never writes among a user's files.
+"""
 
 from __future__ import annotations
 
+import sys
+
 from lorarl.cli.common import load_or_exit, setup_logging
 from lorarl.config.models import RLConfig
+from lorarl.run_folder import RunFolder, RunFolderError
 
 
 def main(argv: list[str] | None = None) -> None:
     cfg = load_or_exit(RLConfig, argv)
+    prepared_or_exit(cfg, "trainer")
     setup_logging("trainer")
     from lorarl.trainer.rl import train
+    from lorarl.trainer.skeleton import TrainingStopped
 
-    train(cfg)
+    try:
+        train(cfg)
+    except TrainingStopped as e:  # one line, the last of the trainer's log that `rl` shows
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+def prepared_or_exit(cfg: RLConfig, command: str) -> None:
+    """Exit 2 with one line unless `cfg`'s run folder bears lorarl's marker."""
+    try:
+        RunFolder(cfg.run_dir).check_prepared(command)
+    except RunFolderError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

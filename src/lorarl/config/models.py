@@ -24,6 +24,9 @@ VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 # the row (docs/real_shapes.md: 1.2-1.4x the peak of a 259-token vocabulary, against 1.7-2.1x at 512).
 # Liger-Kernel's fused linear cross-entropy picks 64-256 rows for Qwen3's shapes, for the same reason.
 DEFAULT_LOGITS_CHUNK_SIZE = 128
+# A run folder's name, with room for the names lorarl derives from it (adapters `<run_name>-step<N>`),
+# within the 255 bytes a file system gives a file name.
+_MAX_RUN_NAME = 200
 LOGITS_CHUNK_DOC = (
     "Tokens per chunk of the output head: log-probabilities and entropies are computed over the vocabulary "
     "this many tokens at a time and recomputed in the backward pass, so no [tokens x vocab] float32 tensor is "
@@ -730,6 +733,8 @@ class SharedConfig(Section):
     def _one_path_component(cls, value: str) -> str:
         if value in (".", ".."):
             raise ValueError(f"run_name {value!r} would name output_dir or its parent, not a run folder")
+        if len(value) > _MAX_RUN_NAME:
+            raise ValueError(f"run_name has {len(value)} characters: at most {_MAX_RUN_NAME} (a folder name)")
         return value
 
     @field_validator("output_dir", mode="before")

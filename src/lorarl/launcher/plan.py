@@ -12,6 +12,7 @@ from lorarl.config.models import RLConfig
 from lorarl.inference.server import vllm_command, vllm_env, worker_urls
 from lorarl.launcher.placement import Placement, cuda_visible_devices
 from lorarl.run_folder import RunFolder
+from lorarl.written import record_written
 
 _SHARED = {"max_steps", "seq_len", "output_dir", "run_name", "seed", "monitor", "resume", "variants"}
 # The sections each process reads; `trainer @ configs/trainer.json` reproduces that process alone.
@@ -73,6 +74,8 @@ def plan_run(cfg: RLConfig, run: RunFolder, placement: Placement) -> list[Proces
         specs.append(ProcessSpec(role, cmd, env))
     (run.configs / "commands.txt").write_text("".join(f"# {s.name}\n{s.shell()}\n" for s in specs))
     (run.configs / "placement.txt").write_text(placement.table())
+    names = [*(f"{role}.json" for role in _SECTIONS), "commands.txt", "placement.txt"]
+    record_written(*(run.configs / name for name in names))
     return specs
 
 

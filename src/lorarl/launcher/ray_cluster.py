@@ -30,6 +30,7 @@ from lorarl.launcher.plan import ProcessSpec
 from lorarl.launcher.relay import Relay, read_lines, write_file
 from lorarl.launcher.supervisor import Supervisor
 from lorarl.run_folder import RunFolder
+from lorarl.written import record_written
 
 log = logging.getLogger("lorarl.rl")
 T = TypeVar("T")
@@ -314,6 +315,7 @@ class RayCluster:
                 log.warning("the log of %s stays on its node: %s", self._log_name(i), e)
                 continue
             (self.run.logs / f"{self._log_name(i)}.log").write_bytes(text)
+            record_written(self.run.logs / f"{self._log_name(i)}.log")
 
     def tail(self, name: str, lines: int = 40) -> str:
         import ray

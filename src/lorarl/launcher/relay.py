@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import threading
 import traceback
 from pathlib import Path
 from typing import Any
 
 from lorarl.run_folder import STABLE, RunFolder, step_folders, write_folder_atomically
+from lorarl.written import remove_folder
 
 log = logging.getLogger("lorarl.rl")
 
@@ -66,7 +66,7 @@ def write_file(path: str, text: str) -> None:
 
 
 def remove(path: str) -> None:
-    shutil.rmtree(path, ignore_errors=True)
+    remove_folder(Path(path))  # the files lorarl wrote in it
 
 
 class Relay:

@@ -15,6 +15,7 @@ from functools import partial
 from pathlib import Path
 
 from lorarl.launcher.plan import ProcessSpec
+from lorarl.written import record_written
 
 
 class Supervisor:
@@ -29,6 +30,7 @@ class Supervisor:
         """Start `spec`; a process started again (a restart) appends to its log."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_path(spec.name), "ab" if spec.name in self.procs else "wb") as log:
+            record_written(self.log_path(spec.name))
             # A new session per child: a terminal's Ctrl-C reaches only `rl`, which then stops each
             # child's whole group (vLLM's engine core and workers included).
             proc = subprocess.Popen(

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from lorarl.config.models import MonitorConfig
+from lorarl.written import record_written
 
 
 class MetricsLogger:
@@ -20,6 +21,8 @@ class MetricsLogger:
         wandb run's name); None: the run's one adapter."""
         self.path, self.component, self.monitor, self.variant = path, component, monitor, variant
         self._wandb: Any = None
+        if monitor.jsonl:
+            record_written(path)  # lorarl's file: a clean-up may remove it
         if monitor.wandb is not None and monitor.wandb.mode != "disabled":
             import wandb
 

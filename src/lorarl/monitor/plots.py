@@ -4,16 +4,21 @@ Each panel (reward, evals, policy lag, mismatch, ...) is one PNG with every run 
 overview PNG puts them all in one grid. A panel whose metrics no run has is left out. Colours tell
 runs apart; with a single run they tell the panel's metrics apart instead, which then reads better
 than line styles. Figures are drawn without pyplot, so no display or backend is involved.
+
+The PNGs go into the folder's record of what lorarl wrote (written.py): a plot replaces only a PNG
+that lorarl wrote, and a user's file of the same name is refused, naming it, before anything is drawn.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
@@ -21,7 +26,8 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 from matplotlib.typing import LineStyleType
 
-from lorarl.run_folder import METRICS, RunFolder
+from lorarl.run_folder import METRICS, RunFolder, unwritable
+from lorarl.written import record, record_root, written_files
 
 OVERVIEW = "overview.png"
 # Line styles tell a panel's metrics apart when colours tell runs apart.
@@ -29,6 +35,8 @@ _LINE_STYLES: tuple[LineStyleType, ...] = ("-", "--", ":", "-.", (0, (3, 1, 1, 1
 # Points are marked on short series (evals, a few steps), where a bare line hides where the data is;
 # on longer ones marks would hide the line styles.
 _MARK_UP_TO = 12
+# Steps above this are no longer exact as the floats matplotlib draws with (and no run gets there).
+_MAX_STEP = 2**53
 
 
 class MetricsError(Exception):
@@ -136,16 +144,7 @@ def load_runs(path: Path, label: str) -> list[Run]:
         for number, line in enumerate(f, start=1):
             if not line.strip():
                 continue
-            try:
-                row = json.loads(line)
-            except ValueError:
-                raise MetricsError(f"{file}:{number}: not a JSON object") from None
-            if not (
-                isinstance(row, dict) and isinstance(row.get("step"), int) and isinstance(row.get("component"), str)
-            ):
-                raise MetricsError(
-                    f"{file}:{number}: not a metrics row (an object with an integer step and a component)"
-                )
+            row = metrics_row(line, f"{file}:{number}")
             variant = row.get("variant")
             run = runs.setdefault(variant, Run(label if variant is None else f"{label}/{variant}"))
             metrics = run.metrics.setdefault(row["component"], {})
@@ -153,6 +152,34 @@ def load_runs(path: Path, label: str) -> list[Run]:
                 if isinstance(value, int | float) and not isinstance(value, bool) and key != "step":
                     metrics.setdefault(key, {})[row["step"]] = float(value)
     return list(runs.values()) or [Run(label)]
+
+
+def metrics_row(line: bytes, where: str) -> dict[str, Any]:
+    """One line of metrics.jsonl as a row; MetricsError naming `where` (file:line) if it is not one."""
+    try:
+        row = json.loads(line)
+    except UnicodeDecodeError:
+        raise MetricsError(f"{where}: not UTF-8 text") from None
+    except ValueError:  # a number too large for a float included
+        raise MetricsError(f"{where}: not a JSON object") from None
+    step = row.get("step") if isinstance(row, dict) else None
+    if not (isinstance(row, dict) and type(step) is int and isinstance(row.get("component"), str)):
+        raise MetricsError(f"{where}: not a metrics row (an object with an integer step and a component)")
+    if not 0 <= step <= _MAX_STEP:
+        shown = str(step) if abs(step) < 10**18 else f"of {len(str(abs(step)))} digits"
+        raise MetricsError(f"{where}: step {shown} is not a step of a run (0 to 2**53)")
+    for key, value in row.items():
+        if not _finite(value):
+            raise MetricsError(f"{where}: {key} is not a finite number")
+    return row
+
+
+def _finite(value: object) -> bool:
+    """False for a number that no plot can draw: inf, nan (JSON's 1e400 reads as inf), or an integer
+    beyond float range; True for anything else (non-numbers are not drawn)."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    return not isinstance(value, int) or abs(value) < 2**1023
 
 
 def run_labels(paths: Sequence[Path]) -> list[str]:
@@ -173,13 +200,30 @@ def plot_runs(paths: Sequence[Path], out: Path | None = None) -> list[Path]:
     if not panels:
         raise MetricsError(f"nothing to plot: no known metrics in {', '.join(str(metrics_file(p)) for p in paths)}")
     out = out or default_out(paths[0])
+    targets = [out / OVERVIEW, *(out / f"{panel.name}.png" for panel in panels)]
+    root = check_out(out, targets)
     out.mkdir(parents=True, exist_ok=True)
-    written = [save(overview(panels, runs), out / OVERVIEW)]
-    for panel in panels:
+    written = [save(overview(panels, runs), targets[0], root)]
+    for panel, target in zip(panels, targets[1:], strict=True):
         figure = Figure(figsize=(7, 4.5), layout="constrained")
         draw(figure.add_subplot(), panel, runs, legend_runs=True)
-        written.append(save(figure, out / f"{panel.name}.png"))
+        written.append(save(figure, target, root))
     return written
+
+
+def check_out(out: Path, targets: Sequence[Path]) -> Path:
+    """The folder whose record the PNGs go into (`out`'s run folder, or `out`), once `out` can be
+    written and none of `targets` is a file that lorarl did not write; MetricsError if not."""
+    if problem := unwritable(out):
+        raise MetricsError(f"--out {out}: {problem}")
+    root = record_root(out) or out
+    mine = written_files(root)
+    if theirs := [t for t in targets if (t.exists() or t.is_symlink()) and t not in mine]:
+        raise MetricsError(
+            f"--out {out}: {theirs[0].name} there was not written by lorarl-plot and would be replaced: it is "
+            "left untouched; choose another --out"
+        )
+    return root
 
 
 def overview(panels: Sequence[Panel], runs: Sequence[Run]) -> Figure:
@@ -270,6 +314,10 @@ def legend_entries(names: list[str], runs: dict[int, str], several_runs: bool) -
     return handles, labels
 
 
-def save(figure: Figure, path: Path) -> Path:
-    figure.savefig(path, dpi=110)
+def save(figure: Figure, path: Path, root: Path) -> Path:
+    """Write `figure` to `path` whole (a temporary file renamed) and record it in `root`'s record."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    figure.savefig(tmp, dpi=110, format="png")
+    os.replace(tmp, path)
+    record(root, [path])
     return path

@@ -7,13 +7,13 @@ reloads the whole model in place, so that the workers always serve one version, 
 from __future__ import annotations
 
 import logging
-import shutil
 import time
 from collections import Counter
 from pathlib import Path
 
 from lorarl.inference.pool import WorkerPool
 from lorarl.run_folder import RunFolder
+from lorarl.written import remove_folder
 
 log = logging.getLogger("lorarl.orchestrator")
 
@@ -76,7 +76,7 @@ class AdapterWatcher:
         await self._unload_unused()
         if self.delete_unloaded:  # versions the trainer wrote faster than they were loaded: never will be
             for version in skipped:
-                shutil.rmtree(self.run.broadcast(version), ignore_errors=True)
+                remove_folder(self.run.broadcast(version))  # the files lorarl wrote in it
         return True
 
     async def _load(self, version: int) -> None:
@@ -107,7 +107,7 @@ class AdapterWatcher:
                 del self._in_use[version]
                 await self._unload(version)
                 if self.delete_unloaded:
-                    shutil.rmtree(self.run.broadcast(version), ignore_errors=True)
+                    remove_folder(self.run.broadcast(version))
 
 
 class WeightsWatcher(AdapterWatcher):

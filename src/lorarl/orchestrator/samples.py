@@ -12,6 +12,7 @@ from itertools import islice
 from lorarl.monitor.metrics import MetricsLogger
 from lorarl.orchestrator.groups import Group
 from lorarl.run_folder import RunFolder
+from lorarl.written import record_written
 
 
 def write_samples(run: RunFolder, step: int, groups: list[Group], num: int, metrics: MetricsLogger) -> None:
@@ -26,4 +27,5 @@ def write_samples(run: RunFolder, step: int, groups: list[Group], num: int, metr
     ), num))  # fmt: skip
     with open(path, "w") as f:
         f.writelines(json.dumps(row) + "\n" for row in rows)
+    record_written(path)
     metrics.log_table(step, "samples", rows)

@@ -6,8 +6,9 @@
         optimizer.pt  scheduler.pt  rng.pt
         state.json        {"step": N, ...}: the step and whatever else the loop needs (its data position)
 
-A checkpoint is written under a temporary name, fsynced and renamed, with a manifest of its files
-written last (RunFolder.write_checkpoint_half), so a resumed run never loads a partial one.
+A checkpoint is written under a temporary name, fsynced and renamed, with a manifest of its files,
+their sizes and SHA-256, written last (RunFolder.write_checkpoint_half), so a resumed run never loads
+a partial or damaged one: it falls back to the newest whole one (RunFolder.resume_step).
 Shared by the trainers: nothing here knows about SFT or RL. A model sharded with FSDP (fsdp.py)
 writes the same files as an unsharded one, so either resumes the other's checkpoints.
 """
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +65,7 @@ def save_checkpoint(
     dest = run.write_checkpoint_half(step, "trainer", write)
     if keep_last is not None:
         for old in run.checkpoint_steps()[:-keep_last]:
-            shutil.rmtree(run.checkpoint(old))
+            run.remove_checkpoint(old)
     return dest
 
 
@@ -111,7 +111,7 @@ def discard_after(run: RunFolder, step: int) -> None:
     """Forget what a run wrote after `step`, before it continues from there: later checkpoints,
     and metrics rows of later steps (the resumed run writes them again)."""
     for later in (s for s in run.checkpoint_steps() if s > step):
-        shutil.rmtree(run.checkpoint(later))
+        run.remove_checkpoint(later)
         log.info("removed checkpoint step_%d, written after the step resumed from", later)
     if run.metrics.is_file():
         lines = run.metrics.read_text().splitlines(keepends=True)

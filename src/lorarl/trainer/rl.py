@@ -19,7 +19,6 @@ one base model (trainer/variants.py).
 from __future__ import annotations
 
 import logging
-import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -43,6 +42,7 @@ from lorarl.trainer.model import (
 )
 from lorarl.trainer.packing import PackedBatch
 from lorarl.trainer.skeleton import Model, PassLoss, Trainer, forward_backward_step
+from lorarl.written import remove_folder
 
 log = logging.getLogger("lorarl.trainer")
 
@@ -130,7 +130,7 @@ def train_step(trainer: Trainer[Model], cfg: RLConfig, step: int, metrics: Metri
         },
     )
     if dp.is_main and not cfg.trainer.keep_rollouts:
-        shutil.rmtree(run.rollouts(step))  # trained on: only a resume would need it, and it samples anew
+        remove_folder(run.rollouts(step))  # trained on: only a resume would need it, and it samples anew
     log.info(
         "%sstep %d: loss %.4f, grad norm %.3f, |logp diff| %.2e, waited %.1f s for the batch",
         f"{run.variant}: " if run.variant else "", step, loss, grad_norm,

@@ -33,6 +33,7 @@ from lorarl.trainer.model import TrainedModel, apply_lora, load_model
 from lorarl.trainer.packing import ForwardPasses, PackedBatch
 from lorarl.trainer.sft_data import DataOrder, load_sft_data
 from lorarl.trainer.skeleton import PassLoss, Trainer, forward_backward_step, rank_passes
+from lorarl.written import record_written
 
 log = logging.getLogger("lorarl.sft")
 
@@ -90,6 +91,7 @@ def train(cfg: SFTConfig) -> Path:
     if dp.is_main:
         model.save_pretrained(str(final), state_dict=weights)
         tokenizer.save_pretrained(final)
+        record_written(*(p for p in final.rglob("*") if p.is_file()))  # prepare() left no file of a user's here
         log.info("wrote %s", final)
     metrics.close()
     dp.close()

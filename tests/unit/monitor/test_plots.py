@@ -15,6 +15,7 @@ from matplotlib.image import imread
 
 from lorarl.cli.plot import main
 from lorarl.monitor.plots import load_runs, run_labels
+from lorarl.written import recorded
 
 RL_PANELS = ["reward", "reward_by_function", "eval", "policy_lag", "mismatch", "entropy", "grad_norm", "loss",
              "step_time", "throughput"]  # fmt: skip
@@ -71,7 +72,8 @@ def test_rl_and_sft_runs_overlaid(tmp_path: Path, capsys: pytest.CaptureFixture[
     printed = capsys.readouterr().out.split()
     expected = [out / "overview.png", *(out / f"{name}.png" for name in RL_PANELS + SFT_PANELS)]
     assert printed == [str(path) for path in expected]
-    assert sorted(out.iterdir()) == sorted(expected)
+    assert sorted(out.glob("*.png")) == sorted(expected)
+    assert {out / name for name in recorded(out)} == set(expected)  # the record of what lorarl-plot wrote
     for path in expected:
         assert_png(path)
     # A grid of 14 panels, 3 to a row: five rows, taller than wide.
@@ -82,7 +84,7 @@ def test_rl_and_sft_runs_overlaid(tmp_path: Path, capsys: pytest.CaptureFixture[
 def test_panels_without_data_are_not_drawn(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = write_metrics(tmp_path / "no-evals", rl_rows(5, 0.1, evals=False))
     main([str(run)])  # default --out: the run's plots/
-    written = sorted(path.name for path in (run / "plots").iterdir())
+    written = sorted(path.name for path in (run / "plots").glob("*.png"))
     assert written == sorted(["overview.png", *(f"{name}.png" for name in RL_PANELS if name != "eval")])
     assert capsys.readouterr().out.splitlines()[0] == str(run / "plots" / "overview.png")
 
@@ -90,7 +92,7 @@ def test_panels_without_data_are_not_drawn(tmp_path: Path, capsys: pytest.Captur
 def test_sft_run_gets_only_sft_panels(tmp_path: Path) -> None:
     run = write_metrics(tmp_path / "sft", sft_rows(5))
     main([str(run)])
-    assert sorted(path.name for path in (run / "plots").iterdir()) == sorted(
+    assert sorted(path.name for path in (run / "plots").glob("*.png")) == sorted(
         ["overview.png", *(f"{name}.png" for name in SFT_PANELS)]
     )
 

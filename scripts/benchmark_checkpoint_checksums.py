@@ -1,0 +1,70 @@
+"""What the SHA-256 in checkpoint manifests costs: writing and verifying a real-sized LoRA checkpoint.
+
+Writes a trainer checkpoint half like `save_checkpoint` does (adapter/adapter_model.safetensors of
+--adapter-mb, optimizer.pt of twice that: Adam's two moments), with the file sizes only (as before
+checksums) and with SHA-256, then times `manifest_problem` with and without checksums (what
+`--resume` pays per checkpoint it looks at). Median of --repeats, in seconds. The table is in
+docs/data_safety.md.
+
+    .venv/bin/python scripts/benchmark_checkpoint_checksums.py --adapter-mb 150 --repeats 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from lorarl.run_folder import write_folder_atomically
+from lorarl.written import manifest_problem
+
+
+def checkpoint_writer(adapter_mb: int) -> Callable[[Path], None]:
+    weights = {"lora": torch.randn(adapter_mb * 2**20 // 4)}  # float32
+
+    def write(folder: Path) -> None:
+        (folder / "adapter").mkdir()
+        save_file(weights, str(folder / "adapter" / "adapter_model.safetensors"))
+        torch.save({"exp_avg": weights["lora"], "exp_avg_sq": weights["lora"].clone()}, folder / "optimizer.pt")
+
+    return write
+
+
+def median_time(repeats: int, action: Callable[[], object]) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        action()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--adapter-mb", type=int, default=150)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    write = checkpoint_writer(args.adapter_mb)
+    with tempfile.TemporaryDirectory(dir=".") as tmp:  # the disk runs are written to, not a tmpfs
+        folder = Path(tmp) / "trainer"
+        rows = []
+        for checksums in (False, True):
+            written = median_time(args.repeats, lambda c=checksums: write_folder_atomically(folder, write, checksums=c))
+            verified = median_time(args.repeats, lambda c=checksums: manifest_problem(folder, c))
+            rows.append((checksums, written, verified))
+        total_mb = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 2**20
+    print(f"checkpoint of {total_mb:.0f} MiB (adapter {args.adapter_mb} MiB + optimizer), median of {args.repeats}")
+    print("| manifest | write (s) | verify (s) |")
+    print("|---|---|---|")
+    for checksums, written, verified in rows:
+        print(f"| {'sizes + SHA-256' if checksums else 'sizes only'} | {written:.2f} | {verified:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
