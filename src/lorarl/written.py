@@ -174,7 +174,7 @@ def file_sha256(path: Path) -> str:
 
 def write_manifest(folder: Path, checksums: bool) -> None:
     """MANIFEST.json of `folder`: each file and its size, and with `checksums` its SHA-256."""
-    files = sorted(p for p in folder.rglob("*") if p.is_file())
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p != folder / MANIFEST)
     entries: dict[str, object] = {
         str(p.relative_to(folder)): {"size": p.stat().st_size, "sha256": file_sha256(p)}
         if checksums

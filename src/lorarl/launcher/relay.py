@@ -21,15 +21,20 @@ from pathlib import Path
 from typing import Any
 
 from lorarl.run_folder import STABLE, RunFolder, step_folders, write_folder_atomically
-from lorarl.written import remove_folder
+from lorarl.written import MANIFEST, remove_folder
 
 log = logging.getLogger("lorarl.rl")
 
 
 def read_folder(folder: str) -> dict[str, bytes]:
-    """Every file of `folder` (an adapter, a batch), by path relative to it; STABLE left out."""
+    """Every file of `folder` (an adapter, a batch), by path relative to it; STABLE and MANIFEST.json,
+    which the writer adds, left out."""
     root = Path(folder)
-    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file() and p.name != STABLE}
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in root.rglob("*")
+        if p.is_file() and str(p.relative_to(root)) not in (STABLE, MANIFEST)
+    }
 
 
 def write_folder(dest: str, files: dict[str, bytes], stable: bool) -> None:
