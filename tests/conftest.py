@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import socket
@@ -51,12 +52,12 @@ def free_port(consecutive: int = 1) -> int:
             continue
 
 
-@pytest.fixture(scope="session")
-def vllm_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """One vLLM server for the session, started with lorarl's own `inference` entry point, so it
-    runs exactly the command `rl` would. Room for adapters of several runs (max_async_level 2)."""
+@contextlib.contextmanager
+def serve_vllm(tiny_model: Path, log: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A vLLM server of `tiny_model` (its url and process, the leader of its own process group),
+    started with lorarl's own `inference` entry point, so it runs exactly the command `rl` would;
+    its output goes to `log`. Room for adapters of several runs (max_async_level 2)."""
     port = free_port()
-    log = tmp_path_factory.mktemp("vllm") / "inference.log"
     cmd = [sys.executable, "-m", "lorarl.cli.inference", "--model.name", str(tiny_model),
            "--seq_len", "2048", "--inference.port", str(port), "--orchestrator.max_async_level", "2",
            "--inference.api_key", API_KEY]  # fmt: skip
@@ -70,7 +71,7 @@ def vllm_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> I
             wait_until_healthy([url], timeout=300, alive=lambda: proc.poll() is None)
         except RuntimeError as e:
             raise RuntimeError(f"{e}:\n{log.read_text()[-3000:]}") from None
-        yield url
+        yield url, proc
     finally:
         os.killpg(proc.pid, 15)
         try:
@@ -78,3 +79,10 @@ def vllm_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> I
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, 9)
             proc.wait()
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One vLLM server for the session (`serve_vllm`)."""
+    with serve_vllm(tiny_model, tmp_path_factory.mktemp("vllm") / "inference.log") as (url, _):
+        yield url

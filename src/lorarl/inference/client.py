@@ -4,6 +4,15 @@ A request that fails because of the server (connection refused or lost, a timeou
 raises `WorkerUnavailable`, so that the pool (pool.py) can route it elsewhere; a request the
 server rejects (HTTP 4xx) raises `InferenceError`.
 
+A request's timeout follows the work asked for: `timeout` seconds for anything (queueing, prefill,
+an adapter load), plus max_tokens / `tokens_per_s` for a generation, so that a long generation is
+not cut short and a frozen server is noticed (`WorkerStalled`) about as soon as a healthy one
+would have answered. A fixed timeout (600 s) let one frozen worker of two stall a run for 10 min.
+
+An adapter name is claimed on a server by loading it: vLLM refuses a second load of a name it
+serves (under a per-name lock), and the client never silently replaces it (`AdapterNameTaken`):
+the caller decides whether that adapter is its own (adapters.py).
+
 Uses one aiohttp session per worker: measured on the tiny model (docs/vllm.md), a long-lived
 httpx.AsyncClient slowed concurrent batches 4-10x; aiohttp did not.
 """
@@ -35,6 +44,18 @@ class WorkerUnavailable(InferenceError):
     """The server did not answer: it is down, restarting, overloaded or broken."""
 
 
+class WorkerStalled(WorkerUnavailable):
+    """The server took longer than the request's timeout: frozen, or far slower than expected."""
+
+
+class AdapterNameTaken(InferenceError):
+    """The server already serves an adapter of that name, loaded from `root`."""
+
+    def __init__(self, base_url: str, name: str, root: str | None) -> None:
+        super().__init__(f"{base_url} already serves an adapter named {name} (from {root})")
+        self.base_url, self.name, self.root = base_url, name, root
+
+
 @dataclass
 class Completion:
     token_ids: list[int]
@@ -53,7 +74,10 @@ class InferenceClient:
         retries: int = 3,
         api_key: str | None = None,
         run_dirs: tuple[str, str] | None = None,
+        tokens_per_s: float | None = None,
     ) -> None:
+        """`timeout`: seconds any request may take; a generation gets max_tokens / `tokens_per_s` more
+        (None: nothing more)."""
         self.base_url = base_url.rstrip("/")
         # (the run folder here, the same folder on the server's machine): adapter paths are sent as the latter.
         self.run_dirs = run_dirs
@@ -63,7 +87,7 @@ class InferenceClient:
         # Seconds with at least one completion request in flight: the worker's busy time.
         self.busy_seconds = 0.0
         self._busy_since = 0.0
-        self._timeout = aiohttp.ClientTimeout(total=timeout)
+        self.timeout, self.tokens_per_s = timeout, tokens_per_s
         self._retries = retries
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._session: aiohttp.ClientSession | None = None
@@ -71,7 +95,7 @@ class InferenceClient:
     @property
     def session(self) -> aiohttp.ClientSession:
         if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=self._timeout, headers=self._headers)
+            self._session = aiohttp.ClientSession(headers=self._headers)
         return self._session
 
     async def close(self) -> None:
@@ -79,17 +103,26 @@ class InferenceClient:
             await self._session.close()
             self._session = None
 
+    def timeout_for(self, json: dict[str, Any] | None) -> float:
+        """Seconds the request with body `json` may take: more for more tokens to generate."""
+        max_tokens = (json or {}).get("max_tokens") or 0
+        return self.timeout + (max_tokens / self.tokens_per_s if self.tokens_per_s else 0.0)
+
     async def _request(self, method: str, path: str, json: dict[str, Any] | None = None) -> tuple[int, str]:
+        seconds = self.timeout_for(json)
+        timeout = aiohttp.ClientTimeout(total=seconds)
         for attempt in range(self._retries + 1):
             try:
-                async with self.session.request(method, self.base_url + path, json=json) as resp:
+                async with self.session.request(method, self.base_url + path, json=json, timeout=timeout) as resp:
                     status, text = resp.status, await resp.text()
+            except TimeoutError as e:
+                raise WorkerStalled(f"{method} {self.base_url}{path}: no answer within {seconds:.1f} s") from e
             except _RETRYABLE as e:
                 if attempt == self._retries:
                     raise WorkerUnavailable(f"{method} {self.base_url}{path}: {e!r}") from e
                 await asyncio.sleep(0.1 * 2**attempt)
                 continue
-            except (TimeoutError, aiohttp.ClientError) as e:
+            except aiohttp.ClientError as e:
                 raise WorkerUnavailable(f"{method} {self.base_url}{path}: {e!r}") from e
             if status >= 500:
                 raise WorkerUnavailable(f"{method} {self.base_url}{path} -> {status}: {text[:300]}")
@@ -111,13 +144,16 @@ class InferenceClient:
             return self.run_dirs[1] + path[len(self.run_dirs[0]) :]
         return path
 
-    async def load_adapter(self, name: str, path: str) -> None:
+    async def load_adapter(self, name: str, path: str, replace: bool = False) -> None:
+        """Load the adapter in folder `path` as `name`. A name the server already serves raises
+        `AdapterNameTaken`, unless `replace` (the caller knows that adapter is its own, or its run ended)."""
         path = self._server_path(path)
         body = {"lora_name": name, "lora_path": path}
         status, text = await self._request("POST", "/v1/load_lora_adapter", body)
         if status == 400 and "already been loaded" in text:
-            # Left on a shared server by an earlier run of the same name (or before a resume):
-            # replace it, never sample with its weights.
+            if not replace:
+                root = next((m.get("root") for m in await self.models() if m["id"] == name), None)
+                raise AdapterNameTaken(self.base_url, name, root)
             log.warning("%s already serves an adapter named %s; replacing it with %s", self.base_url, name, path)
             await self.unload_adapter(name)
             status, text = await self._request("POST", "/v1/load_lora_adapter", body)

@@ -6,6 +6,11 @@ request is sent again elsewhere, or to the same worker once it is back. A worker
 watched until /health answers again (after `rl` restarted it, say); it then gets every adapter
 version still in use and is put back. Only when no worker has been routable for
 `unavailable_timeout` seconds does a request fail, which stops the orchestrator.
+
+A worker that stops answering without failing (frozen, swapping) is found by the requests' timeouts
+(client.py: they follow the tokens asked for) and counted in `stalls`; each outage is logged when
+it starts and, with its length, when it ends, so that even a short freeze leaves a trace.
+Adapters on a shared server that this pool did not load are never unloaded.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from lorarl.inference.client import Completion, InferenceClient, WorkerUnavailable
+from lorarl.inference.client import Completion, InferenceClient, InferenceError, WorkerStalled, WorkerUnavailable
 from lorarl.inference.health import is_healthy
 
 log = logging.getLogger("lorarl.inference")
@@ -36,13 +41,16 @@ class WorkerPool:
         unavailable_timeout: float = 300.0,
         poll: float = 0.5,
         run_dirs: list[tuple[str, str]] | None = None,
+        tokens_per_s: float | None = None,
     ) -> None:
-        """`run_dirs`: for each worker, (the run folder here, the same on its machine), if they differ."""
+        """`run_dirs`: for each worker, (the run folder here, the same on its machine), if they differ;
+        `timeout` and `tokens_per_s`: each request's timeout (InferenceClient)."""
         if not urls:
             raise ValueError("no inference worker URLs")
         dirs: list[tuple[str, str] | None] = list(run_dirs) if run_dirs else [None] * len(urls)
         self.workers = [
-            InferenceClient(u, timeout, api_key=api_key, run_dirs=d) for u, d in zip(urls, dirs, strict=True)
+            InferenceClient(u, timeout, api_key=api_key, run_dirs=d, tokens_per_s=tokens_per_s)
+            for u, d in zip(urls, dirs, strict=True)
         ]
         self.routable = list(self.workers)
         self.unavailable_timeout, self.poll = unavailable_timeout, poll
@@ -52,6 +60,7 @@ class WorkerPool:
         self.weights: str | None = None
         self._watchers: dict[InferenceClient, asyncio.Task[None]] = {}
         self.outages = 0  # workers taken out of routing so far
+        self.stalls = 0  # of which for not answering in time (WorkerStalled)
 
     def busy_seconds(self) -> float:
         """Busy time summed over workers, including requests still running."""
@@ -74,10 +83,11 @@ class WorkerPool:
             except WorkerUnavailable as e:
                 self._take_out(worker, e)
 
-    async def load_adapter(self, name: str, path: str) -> None:
-        """Load into every routable worker; the others get it when they return."""
+    async def load_adapter(self, name: str, path: str, replace: bool = False) -> None:
+        """Load into every routable worker; the others get it when they return. `replace`: see
+        InferenceClient.load_adapter (AdapterNameTaken)."""
         self.adapters[name] = path
-        await self._on_routable(lambda w: w.load_adapter(name, path))
+        await self._on_routable(lambda w: w.load_adapter(name, path, replace))
 
     async def reload_weights(self, path: str) -> None:
         """Full fine-tuning: every routable worker serves the model folder `path` from now on; the
@@ -119,25 +129,36 @@ class WorkerPool:
             return
         self.routable.remove(worker)
         self.outages += 1
-        log.warning("taking %s out of routing: %s", worker.base_url, error)
-        self._watchers[worker] = asyncio.create_task(self._bring_back(worker))
+        if isinstance(error, WorkerStalled):
+            self.stalls += 1
+            log.warning("%s stalled, taking it out of routing (%d of %d worker(s) left): %s",
+                        worker.base_url, len(self.routable), len(self.workers), error)  # fmt: skip
+        else:
+            log.warning("taking %s out of routing: %s", worker.base_url, error)
+        self._watchers[worker] = asyncio.create_task(self._bring_back(worker, time.monotonic()))
 
-    async def _bring_back(self, worker: InferenceClient) -> None:
+    async def _bring_back(self, worker: InferenceClient, since: float) -> None:
         """Wait until the worker is healthy, give it the adapters in use, and route to it again."""
         while True:
             while not await asyncio.to_thread(is_healthy, worker.base_url):
                 await asyncio.sleep(self.poll)
             try:
-                # What the server really serves: after a restart that is none of what we loaded.
-                worker.adapters = {m["id"] for m in await worker.models() if m.get("parent")}
+                # What the server really serves of ours: after a restart, none. Other runs' adapters
+                # on a shared server are theirs, never unloaded here.
+                served = {m["id"] for m in await worker.models() if m.get("parent")}
+                worker.adapters &= served
                 await self._sync_adapters(worker)
                 if self.weights is not None:  # a restarted worker serves the base model again
                     await self._sync_weights(worker)
             except WorkerUnavailable:
                 continue
+            except InferenceError as e:  # refused for good (another run's adapter of our name): no way back
+                log.error("%s stays out of routing: %s", worker.base_url, e)
+                return
             self.routable.append(worker)
             del self._watchers[worker]
-            log.info("%s is back in routing with %d adapter(s)", worker.base_url, len(worker.adapters))
+            log.info("%s is back in routing after %.1f s out, with %d adapter(s)", worker.base_url,
+                     time.monotonic() - since, len(worker.adapters))  # fmt: skip
             return
 
     async def _sync_adapters(self, worker: InferenceClient) -> None:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from lorarl.config.models import RLConfig, SFTConfig
+from lorarl.inference.health import check_served_model
 from lorarl.launcher.bundles import plan_bundles, ray_placement
 from lorarl.launcher.memory_plan import AdapterError, MemoryPlan, rl_memory_plan, sft_memory_plan
 from lorarl.launcher.placement import Placement, place
@@ -35,6 +36,9 @@ def check_rl(cfg: RLConfig, gpus: int) -> Placement:
     check_model(cfg.model.name)
     check_cluster(cfg)
     try:
+        # A server of inference.urls must be vLLM serving model.name (a ServerCheckError is a ValueError).
+        for url in cfg.inference.urls:
+            check_served_model(url, cfg.model.name, cfg.inference.api_key)
         # On Ray, a dry run shows GPU bundles when this machine has GPUs (or pretends to); a run asks the cluster.
         placement = (
             ray_placement(cfg, plan_bundles(cfg, gpus > 0)) if cfg.cluster.backend == "ray" else place(cfg, gpus)

@@ -54,6 +54,8 @@ class StepPrinter:
 
         # Only under continuous batching (orchestrator.max_off_policy_steps) are groups ever dropped.
         dropped = f" | dropped {orch['dropped/groups']}" if orch.get("dropped/groups") else ""
+        # Workers that stopped answering in time this step (inference.request_timeout): the step was slow.
+        stalls = f" | stalled workers {orch['inference/stalls']}" if orch.get("inference/stalls") else ""
         variant = f"{trainer['variant']} " if trainer.get("variant") else ""
         return (
             f"{variant}step {trainer['step']:>4}/{self.max_steps}"
@@ -63,7 +65,7 @@ class StepPrinter:
             f" | loss {get(trainer, 'loss', '+.4f')}"
             f" | |dlogp| {get(trainer, 'mismatch/logprob_abs_diff', '.1e')}"
             f" | grad {get(trainer, 'grad_norm', '.3f')}"
-            f"{dropped} | {get(trainer, 'time/step', '.1f')} s"
+            f"{dropped}{stalls} | {get(trainer, 'time/step', '.1f')} s"
         )
 
 

@@ -2,6 +2,11 @@
 
 `AdapterWatcher` loads each LoRA version under a name of its own; `WeightsWatcher` (model.full_finetune)
 reloads the whole model in place, so that the workers always serve one version, the newest.
+
+Two runs of the same run_name (in two folders) may share a server: loading a name claims it there
+(vLLM refuses a second load of a served name, atomically), and a run never replaces an adapter of
+its name that a run still going loaded: it stops with one line instead. (Replacing it, as lorarl
+once did, made one run sample with the other's policy, and the engine crash on the swap.)
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from lorarl.inference.client import AdapterNameTaken
 from lorarl.inference.pool import WorkerPool
 from lorarl.run_folder import RunFolder
 from lorarl.written import remove_folder
@@ -51,15 +57,26 @@ class AdapterWatcher:
                 name, root = model["id"], model.get("root")
                 if not (model.get("parent") and name.startswith(f"{self.run_name}-step") and root):
                     continue
-                # broadcasts/step_N, or a variant's broadcasts/<variant>/step_N -> its run folder
-                owner = RunFolder(Path(root).parents[1 if self.run.variant is None else 2])
-                if owner.root.resolve() != self.run.root.resolve() and owner.is_alive():
-                    raise RuntimeError(
-                        f"{worker.base_url} serves {name} for the run in {owner.root}, which is still going: "
-                        "give this run another run_name"
-                    )
+                self._refuse_if_live(worker.base_url, name, root)
                 log.info("unloading %s, left on %s by an earlier run of this name", name, worker.base_url)
                 await worker.unload_adapter(name)
+
+    def _refuse_if_live(self, url: str, name: str, root: str | None) -> None:
+        """Raise if the adapter `name` that `url` serves, loaded from `root`, belongs to a run of
+        another folder that is still going (or to no run folder lorarl can tell)."""
+        owner = self._owner(root)
+        if owner is None or (owner.root.resolve() != self.run.root.resolve() and owner.is_alive()):
+            raise RuntimeError(
+                f"{url} serves {name} for the run in {owner.root if owner else root}, which is still going: "
+                "give this run another run_name"
+            )
+
+    def _owner(self, root: str | None) -> RunFolder | None:
+        """The run folder of an adapter loaded from `root`: broadcasts/step_N, or a variant's
+        broadcasts/<variant>/step_N; None if `root` is not such a folder."""
+        parents = Path(root).parents if root else []
+        depth = 1 if self.run.variant is None else 2
+        return RunFolder(parents[depth]) if len(parents) > depth else None
 
     async def refresh(self) -> bool:
         """Load the newest complete broadcast if it is newer than the current one."""
@@ -80,7 +97,12 @@ class AdapterWatcher:
         return True
 
     async def _load(self, version: int) -> None:
-        await self.pool.load_adapter(self.adapter_name(version), str(self.run.broadcast(version).resolve()))
+        name, path = self.adapter_name(version), str(self.run.broadcast(version).resolve())
+        try:
+            await self.pool.load_adapter(name, path)
+        except AdapterNameTaken as e:  # claimed since remove_leftovers: by a live run (refused), or ended
+            self._refuse_if_live(e.base_url, name, e.root)
+            await self.pool.load_adapter(name, path, replace=True)
 
     async def _unload(self, version: int) -> None:
         await self.pool.unload_adapter(self.adapter_name(version))

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
 from lorarl.config.models import RLConfig
-from lorarl.inference.health import wait_until_healthy
+from lorarl.inference.health import ServerCheckError, check_served_model, wait_until_healthy
 from lorarl.inference.pool import WorkerPool
 from lorarl.inference.server import worker_urls
 from lorarl.monitor.metrics import MetricsLogger
@@ -63,11 +64,12 @@ async def orchestrate(cfg: RLConfig) -> None:
     # auto_docstring, the model auto classes and generation), which the loop itself never needs.
     from transformers import AutoTokenizer
 
-    urls = worker_urls(cfg)
+    inf, urls = cfg.inference, worker_urls(cfg)
+    check_given_servers(cfg)  # nothing else runs yet: blocking here delays nothing
     here = str(cfg.run_dir.resolve())
-    run_dirs = [(here, there) for there in cfg.inference.worker_run_dirs] or None
-    pool = WorkerPool(urls, cfg.inference.api_key, unavailable_timeout=cfg.inference.unavailable_timeout,
-                      run_dirs=run_dirs)  # fmt: skip
+    run_dirs = [(here, there) for there in inf.worker_run_dirs] or None
+    pool = WorkerPool(urls, inf.api_key, timeout=inf.request_timeout, unavailable_timeout=inf.unavailable_timeout,
+                      run_dirs=run_dirs, tokens_per_s=inf.min_tokens_per_s)  # fmt: skip
     try:
         orchestrators = build_orchestrators(cfg, pool, AutoTokenizer.from_pretrained(cfg.model.name))
         log.info("waiting for %d inference worker(s): %s", len(urls), urls)
@@ -77,6 +79,17 @@ async def orchestrate(cfg: RLConfig) -> None:
         await run_all(orchestrators)
     finally:
         await pool.close()
+
+
+def check_given_servers(cfg: RLConfig) -> None:
+    """Servers not started by `rl` (inference.urls) are vLLM serving model.name, or the process stops
+    with one line and exit code 2 before it writes anything (`rl` checked them too, before it started)."""
+    for url in cfg.inference.urls:
+        try:
+            check_served_model(url, cfg.model.name, cfg.inference.api_key)
+        except ServerCheckError as e:
+            print(f"error: {e}", file=sys.stderr)
+            raise SystemExit(2) from None
 
 
 def build_orchestrators(cfg: RLConfig, pool: WorkerPool, tokenizer: PreTrainedTokenizerBase) -> list[Orchestrator]:
@@ -100,6 +113,7 @@ class Orchestrator:
 
     # Set by `run`: the clocks start when the loop does, not when it is built.
     counters: StepCounters  # the current step's; a fresh one with each batch
+    stalls_logged: int  # WorkerPool.stalls when the current step started
     idle_since: float  # time.monotonic() when a group last ran: the policy timeout counts from it
 
     def __init__(
@@ -163,6 +177,7 @@ class Orchestrator:
     async def run(self) -> None:
         """Write the batch of every step through `max_steps`, then serve the final policy."""
         self.counters = StepCounters(time.perf_counter(), self.pool.busy_seconds(), self.pool.outages)
+        self.stalls_logged = self.pool.stalls  # workers found stalled before this step (inference/stalls)
         self.idle_since = time.monotonic()
         try:
             while self.step <= self.cfg.max_steps:
@@ -263,6 +278,7 @@ class Orchestrator:
             completion_tokens=sum(len(r.completion_ids) for r in rollouts), outages=self.pool.outages,
         )  # fmt: skip
         step_metrics |= batch.metrics() | overlong_metrics(batch.groups, self.ocfg.overlong)
+        step_metrics["inference/stalls"], self.stalls_logged = self.pool.stalls - self.stalls_logged, self.pool.stalls
         if self.difficulty is not None:
             step_metrics |= self.difficulty.step_metrics()
         if live := self.watcher.take_live_latencies():

@@ -32,7 +32,7 @@ class InstantPool:
         self.workers = [object()]
         self.loaded: set[str] = set()
         self.closed = False
-        self.outages = 0
+        self.outages = self.stalls = 0
 
     def busy_seconds(self) -> float:
         return 0.0

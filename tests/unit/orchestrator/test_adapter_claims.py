@@ -1,0 +1,50 @@
+"""Two runs of one run_name sharing a server: loading a version claims its name there. A run whose
+name is already served for a run still going stops in one line instead of replacing that adapter;
+one left by a run that ended is replaced. (Against a loopback vLLM stand-in.)"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from lorarl.inference.pool import WorkerPool
+from lorarl.orchestrator.adapters import AdapterWatcher
+from lorarl.run_folder import RunFolder, write_folder_atomically
+from tests.unit.inference.fake_vllm import FakeVLLM
+
+
+def run_with_adapter(root: Path) -> RunFolder:
+    run = RunFolder(root)
+    run.prepare("rl", {}, resume=False, overwrite=False)
+    write_folder_atomically(run.broadcast(0), lambda d: None, stable_marker=True)
+    return run
+
+
+async def refresh(url: str, run: RunFolder) -> None:
+    pool = WorkerPool([url])
+    try:
+        await AdapterWatcher(pool, run, "exp").refresh()
+    finally:
+        await pool.close()
+
+
+def test_a_name_claimed_by_a_live_run_of_the_same_name_is_refused(tmp_path: Path) -> None:
+    ours, live = run_with_adapter(tmp_path / "a" / "exp"), run_with_adapter(tmp_path / "b" / "exp")
+    live.hold_lock()  # its rl is running
+    with FakeVLLM() as server:
+        # It loaded step 0 after this run looked for leftovers (remove_leftovers): both started together.
+        server.adapters["exp-step0"] = str(live.broadcast(0).resolve())
+        with pytest.raises(RuntimeError, match=f"serves exp-step0 for the run in {live.root.resolve()}, which is "
+                                               "still going: give this run another run_name"):  # fmt: skip
+            asyncio.run(refresh(server.url, ours))
+        assert server.adapters == {"exp-step0": str(live.broadcast(0).resolve())}  # its policy untouched
+
+
+def test_a_name_left_by_an_ended_run_is_replaced(tmp_path: Path) -> None:
+    ours, ended = run_with_adapter(tmp_path / "a" / "exp"), run_with_adapter(tmp_path / "b" / "exp")
+    with FakeVLLM() as server:
+        server.adapters["exp-step0"] = str(ended.broadcast(0).resolve())
+        asyncio.run(refresh(server.url, ours))
+        assert server.adapters == {"exp-step0": str(ours.broadcast(0).resolve())}
