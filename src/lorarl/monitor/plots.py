@@ -37,6 +37,8 @@ _LINE_STYLES: tuple[LineStyleType, ...] = ("-", "--", ":", "-.", (0, (3, 1, 1, 1
 _MARK_UP_TO = 12
 # Steps above this are no longer exact as the floats matplotlib draws with (and no run gets there).
 _MAX_STEP = 2**53
+# Values beyond this overflow matplotlib's axis ticks (and a band's mean +- std); no metric gets there.
+_MAX_VALUE = 1e100
 
 
 class MetricsError(Exception):
@@ -168,18 +170,19 @@ def metrics_row(line: bytes, where: str) -> dict[str, Any]:
     if not 0 <= step <= _MAX_STEP:
         shown = str(step) if abs(step) < 10**18 else f"of {len(str(abs(step)))} digits"
         raise MetricsError(f"{where}: step {shown} is not a step of a run (0 to 2**53)")
-    for key, value in row.items():
-        if not _finite(value):
-            raise MetricsError(f"{where}: {key} is not a finite number")
+    if not isinstance(row.get("variant"), str | None):
+        raise MetricsError(f"{where}: variant is not a name (a string)")
+    if bad := next((key for key, value in row.items() if not _drawable(value)), None):
+        raise MetricsError(f"{where}: {bad} is not a finite number up to 1e100: no plot can draw it")
     return row
 
 
-def _finite(value: object) -> bool:
-    """False for a number that no plot can draw: inf, nan (JSON's 1e400 reads as inf), or an integer
-    beyond float range; True for anything else (non-numbers are not drawn)."""
-    if isinstance(value, float):
-        return math.isfinite(value)
-    return not isinstance(value, int) or abs(value) < 2**1023
+def _drawable(value: object) -> bool:
+    """False for a number that no plot can draw: inf, nan (JSON's 1e400 reads as inf), or one so large
+    that an axis around it overflows; True for anything else (non-numbers are not drawn)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return True
+    return abs(value) <= _MAX_VALUE  # False for nan too
 
 
 def run_labels(paths: Sequence[Path]) -> list[str]:
