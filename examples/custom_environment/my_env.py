@@ -69,5 +69,6 @@ class CountLetter(Environment):
 
 
 def make_env(**args: Any) -> CountLetter:
-    """The factory the config names: `[[orchestrator.env]] args` arrive as keyword arguments."""
+    """The factory the config names, declared one by its return annotation (an Environment):
+    `[[orchestrator.env]] args` arrive as keyword arguments."""
     return CountLetter(**args)

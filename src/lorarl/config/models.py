@@ -231,7 +231,7 @@ class LossConfig(Section):
     is subtracted from each loss token's loss, normalized as the policy term (norm). 0: no bonus; above 0
     the entropy is computed with gradient, which keeps one more tokens x vocabulary tensor for the backward."""
     loss_fn: str | None = None
-    """A custom policy term, "package.module:function", imported by the trainer: a function of a
+    """A custom policy term, "package.module:function" marked @lorarl.plugin("loss"): a function of a
     lorarl.trainer.loss.LossInputs (the forward batch's per-token trainer and vLLM logprobs, advantages,
     loss mask, sample index, norm weights, and this section) returning the per-token loss, or it and a dict
     of scalar metrics (means over the batch's loss tokens, logged as loss_fn/<name>). It replaces ratio and
@@ -360,11 +360,11 @@ class AdvantageConfig(Section):
     "rloo": r_i - the mean of the group's other rewards (leave-one-out). A group whose rewards are all equal
     gets advantages of exactly 0 from each of them."""
     fn: str | None = None
-    """Your own estimator in place of `estimator` (leave that at its default): "package.module:function",
-    called with the group's rewards (a list of floats) and, if it takes a second argument, the group's
-    episodes (`PlayedEpisode`s of lorarl.orchestrator.episodes: `.episode` with the messages and example,
-    `.model_tokens`, `.truncated`); it returns one finite advantage per reward. Imported when the
-    orchestrator starts. None: `estimator`."""
+    """Your own estimator in place of `estimator` (leave that at its default): "package.module:function"
+    marked @lorarl.plugin("advantage"), called with the group's rewards (a list of floats) and, if it takes a
+    second argument, the group's episodes (`PlayedEpisode`s of lorarl.orchestrator.episodes: `.episode` with
+    the messages and example, `.model_tokens`, `.truncated`); it returns one finite advantage per reward.
+    Imported when the orchestrator starts. None: `estimator`."""
     std_normalize: bool | None = None
     """The older switch between the two group-mean estimators, still read: false makes estimator "grpo" into
     "dr_grpo"; true keeps "grpo". None: estimator alone decides."""
@@ -433,12 +433,13 @@ class EnvConfig(Section):
     id: str = "reverse_text"
     """A built-in environment ("reverse_text", "alphabet_sort", "unscramble", "math", "search", "calculator"),
     a reasoning-gym task ("reasoning_gym:<task>", or "reasoning_gym" with args.tasks), a verifiers taskset
-    ("verifiers:<taskset package or module>", args: its config, and max_turns) or "package.module:factory", a
-    callable that returns an Environment."""
+    ("verifiers:<taskset package or module>", args: its config, and max_turns) or "package.module:factory": an
+    Environment subclass, a function annotated to return one, or one marked @lorarl.plugin("environment")."""
     weight: float = Field(1.0, gt=0)
     """Relative probability that a group plays this environment, against the other environments' weights."""
     args: dict[str, Any] = {}
-    """Keyword arguments of the environment's constructor or factory; {}: its defaults."""
+    """Keyword arguments of the environment's constructor or factory, checked against its signature and
+    annotations and converted to the annotated types; {}: its defaults."""
     episode_timeout: float | None = Field(None, gt=0)
     """Wall-clock seconds an episode may run from its start; once past, it ends after its last finished model
     turn (a slow tool or environment reply is cut off) and is scored as it stands; counted in `timed_out_frac`.

@@ -20,8 +20,8 @@ from lorarl.inference.health import check_served_model
 from lorarl.launcher.bundles import plan_bundles, ray_placement
 from lorarl.launcher.memory_plan import AdapterError, MemoryPlan, rl_memory_plan, sft_memory_plan
 from lorarl.launcher.placement import Placement, place
-from lorarl.orchestrator.envs import check_environment
-from lorarl.plugins import PluginError, load_function
+from lorarl.orchestrator.envs import EnvArgsError, check_environment
+from lorarl.plugins import PluginError, PluginKind, load_function
 
 _HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 _RAY_ADDRESS = re.compile(r"^(auto|(ray://)?[\w.-]+:\d+)$")
@@ -67,8 +67,8 @@ def check_adapter(cfg: RLConfig) -> None:
     except ValueError as e:
         raise PreflightError(str(e)) from None
     check_environments(cfg)
-    check_function(cfg.trainer.loss.loss_fn, "trainer.loss.loss_fn")
-    check_function(cfg.orchestrator.advantage.fn, "orchestrator.advantage.fn")
+    check_function(cfg.trainer.loss.loss_fn, "trainer.loss.loss_fn", "loss")
+    check_function(cfg.orchestrator.advantage.fn, "orchestrator.advantage.fn", "advantage")
 
 
 def check_cluster(cfg: RLConfig) -> None:
@@ -151,28 +151,31 @@ def check_model(name: str, key: str = "model.name") -> None:
 
 
 def check_environments(cfg: RLConfig) -> None:
-    """Every environment resolves and takes its args, without being built. A user's module is looked
-    up from the working directory, as the orchestrator (started there by `rl`) will."""
+    """Every environment resolves to a declared factory that takes its args (names and types), without
+    being built. A user's module is looked up from the working directory, as the orchestrator (started
+    there by `rl`) will."""
     if not cfg.orchestrator.env:
         raise PreflightError("[[orchestrator.env]]: no environment given")
     _working_directory_importable()
     for i, env in enumerate(cfg.orchestrator.env):
         try:
             check_environment(env.id, env.args)
+        except EnvArgsError as e:
+            raise PreflightError(f"orchestrator.env[{i}].{e}") from None
         except (ValueError, TypeError, ImportError, AttributeError) as e:
             raise PreflightError(f"orchestrator.env[{i}] id {env.id!r}: {e}") from None
 
 
-def check_function(spec: str | None, key: str) -> None:
+def check_function(spec: str | None, key: str, kind: PluginKind) -> None:
     """A user function the config names at `key` (a custom loss, an advantage estimator:
-    "package.module:function") imports and is callable, so that a typo stops `rl` now rather than the
-    trainer or orchestrator later. Looked up from the working directory, as they (started there by
-    `rl`) will."""
+    "package.module:function") imports and is declared a `kind` plugin, so that a typo stops `rl` now
+    rather than the trainer or orchestrator later, and no undeclared function is ever called. Looked up
+    from the working directory, as they (started there by `rl`) will."""
     if spec is None:
         return
     _working_directory_importable()
     try:
-        load_function(spec, key)
+        load_function(spec, key, kind)
     except PluginError as e:
         raise PreflightError(str(e)) from None
 

@@ -82,12 +82,10 @@ def advantage_estimator(cfg: AdvantageConfig) -> Estimator:
 
 
 def _import_fn(spec: str) -> tuple[Callable[..., Sequence[float]], bool]:
-    """The function `package.module:function` names, and whether it takes the episodes too."""
-    fn = load_function(spec, "orchestrator.advantage.fn")
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except ValueError:  # no signature to read (a C function): rewards alone
-        return fn, False
+    """The function `package.module:function` names (declared `@lorarl.plugin("advantage")`, so a Python
+    function with a signature), and whether it takes the episodes too."""
+    fn = load_function(spec, "orchestrator.advantage.fn", "advantage")
+    params = inspect.signature(fn).parameters.values()
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     takes_two = len(positional) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in params)
     return fn, takes_two

@@ -214,8 +214,9 @@ class LossFn(Protocol):
 
 @functools.cache
 def load_loss_fn(spec: str) -> LossFn:
-    """The function "package.module:function" names (LossConfig checked the form), imported once."""
-    return cast(LossFn, load_function(spec, "trainer.loss.loss_fn"))
+    """The function "package.module:function" names (LossConfig checked the form), imported once; it
+    must be declared `@lorarl.plugin("loss")`."""
+    return cast(LossFn, load_function(spec, "trainer.loss.loss_fn", "loss"))
 
 
 def policy_loss(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 
+import lorarl
 from lorarl.orchestrator.envs.base import Environment, Episode, Example, Message, WeightedReward
 
 
@@ -34,6 +35,7 @@ class Scripted(Environment):
         return [{"role": "user", "content": example["name"]}]
 
 
+@lorarl.plugin("advantage")
 def by_answer_length(rewards: list[float], episodes: list) -> list[float]:
     """An `advantage.fn` that takes the episodes too: the answer's length in characters, less 13."""
     return [len(played.episode.completion) - 13.0 for played in episodes]

@@ -9,6 +9,7 @@ import math
 import pytest
 from pydantic import ValidationError
 
+import lorarl
 from lorarl.config.models import AdvantageConfig, DifficultyFilterConfig, OrchestratorConfig, OverlongConfig
 from lorarl.orchestrator.advantages import GroupAdvantages, advantage_estimator, group_advantages
 from lorarl.orchestrator.difficulty import DifficultyFilter, example_key
@@ -69,15 +70,18 @@ def test_a_users_estimator_gets_the_rewards_and_if_it_wants_them_the_episodes() 
     assert centered([1.0, 3.0], []) == [-1.0, 1.0]
 
 
+@lorarl.plugin("advantage")
 def centered(rewards: list[float]) -> list[float]:
     """An `advantage.fn` that takes the rewards alone."""
     return [r - sum(rewards) / len(rewards) for r in rewards]
 
 
+@lorarl.plugin("advantage")
 def wrong_length(rewards: list[float]) -> list[float]:
     return [0.0]
 
 
+@lorarl.plugin("advantage")
 def not_finite(rewards: list[float]) -> list[float]:
     return [math.nan] * len(rewards)
 

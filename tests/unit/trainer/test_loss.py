@@ -3,6 +3,7 @@ import math
 import pytest
 import torch
 
+import lorarl
 from lorarl.config.loader import ConfigError, load_config
 from lorarl.config.models import LossConfig, RLConfig
 from lorarl.plugins import PluginError
@@ -118,6 +119,7 @@ def central_differences(f, table: list[list[float]], h: float = 1e-6) -> list[li
     return grads
 
 
+@lorarl.plugin("loss")
 def token_clip_loss(inputs: LossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The built-in token-level "clip" loss, written as a custom loss_fn."""
     ratio = torch.exp((inputs.logprobs - inputs.sampler_logprobs) * inputs.loss_mask)
@@ -127,10 +129,12 @@ def token_clip_loss(inputs: LossInputs) -> tuple[torch.Tensor, dict[str, torch.T
     return loss, {"clipped_frac": clipped.sum() / inputs.loss_mask.sum().clamp(min=1)}
 
 
+@lorarl.plugin("loss")
 def scalar_loss(inputs: LossInputs) -> torch.Tensor:
     return inputs.logprobs.sum()
 
 
+@lorarl.plugin("loss")
 def per_token_metric(inputs: LossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     return -inputs.logprobs, {"logprobs": inputs.logprobs.detach()}
 

@@ -1,4 +1,9 @@
-"""Built-in environments, bridged libraries of tasks, and user environments by `package.module:factory`."""
+"""Built-in environments, bridged libraries of tasks, and user environments by `package.module:factory`.
+
+A user's factory runs only if declared one (see `lorarl.plugins`): an Environment subclass, a function
+annotated to return one, or a function marked `@lorarl.plugin("environment")`. Its args are checked
+against its signature and annotations (by pydantic) before it is built, and converted as they say.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,8 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from pydantic import ConfigDict, PydanticSchemaGenerationError, PydanticUserError, TypeAdapter, ValidationError
+
 from lorarl.orchestrator.envs.alphabet_sort import AlphabetSort
 from lorarl.orchestrator.envs.base import Environment
 from lorarl.orchestrator.envs.calculator import Calculator
@@ -16,6 +23,7 @@ from lorarl.orchestrator.envs.math_problems import MathProblems
 from lorarl.orchestrator.envs.reverse_text import ReverseText
 from lorarl.orchestrator.envs.search import Search
 from lorarl.orchestrator.envs.unscramble import Unscramble
+from lorarl.plugins import PluginError, declared_kind, how_to_declare, import_attribute
 
 BUILTIN: dict[str, type[Environment]] = {
     env.name: env for env in (ReverseText, AlphabetSort, Unscramble, MathProblems, Search, Calculator)
@@ -27,6 +35,12 @@ BRIDGES: dict[str, str] = {
     "reasoning_gym": "lorarl.orchestrator.envs.reasoning_gym_env",
     "verifiers": "lorarl.orchestrator.envs.verifiers_env",
 }
+# Annotations of any class are checked by isinstance (pydantic knows no schema for most of them).
+_ANY_TYPE = ConfigDict(arbitrary_types_allowed=True)
+
+
+class EnvArgsError(ValueError):
+    """`args` that do not fit the factory; str() is one line that starts with "args" and names the arg."""
 
 
 def bridge(env_id: str) -> tuple[ModuleType, str | None] | None:
@@ -40,7 +54,8 @@ def bridge(env_id: str) -> tuple[ModuleType, str | None] | None:
 def resolve_environment(env_id: str) -> Callable[..., Environment]:
     """The class or factory that `env_id` names, imported but not called: a built-in name
     (`reverse_text`) or `package.module:factory`, where factory is an Environment subclass or a
-    Python function that returns one (so `os:system` and the like are refused, never run)."""
+    function declared as a factory (annotated to return an Environment, or marked
+    `@lorarl.plugin("environment")`); anything else (`os:system`, `shutil:rmtree`) is refused unrun."""
     if env_id in BUILTIN:
         return BUILTIN[env_id]
     if ":" not in env_id:
@@ -48,36 +63,84 @@ def resolve_environment(env_id: str) -> Callable[..., Environment]:
             f"unknown environment {env_id!r}: built-ins are {sorted(BUILTIN)}, bridged libraries "
             f"{sorted(BRIDGES)} (as '<library>:<task>'), or give 'package.module:factory'"
         )
-    module_name, factory_name = env_id.split(":", 1)
-    factory = getattr(importlib.import_module(module_name), factory_name)
+    factory = import_attribute(env_id)
     if isinstance(factory, type) and issubclass(factory, Environment):
         return factory
-    if not inspect.isfunction(factory):
-        raise TypeError(f"{env_id} is a {type(factory).__name__}, not an Environment class or a function returning one")
+    returns = _return_type(factory) if inspect.isfunction(factory) else None
+    returns_env = isinstance(returns, type) and issubclass(returns, Environment)
+    if returns_env or (declared_kind(factory) == "environment" and not isinstance(returns, type)):
+        return factory  # type: ignore[return-value]
+    if declared_kind(factory) == "environment":
+        raise PluginError(f"{env_id} returns {getattr(returns, '__name__', returns)}, not an Environment")
+    how = how_to_declare(factory, "environment", " or annotate its return type as an Environment")
+    raise PluginError(f"not an Environment class, and {how}")
+
+
+def _return_type(fn: Callable[..., Any]) -> object:
     try:
-        returns = typing.get_type_hints(factory).get("return")
-    except Exception:  # hints that do not resolve here: the orchestrator checks what the factory returns
-        returns = None
-    if isinstance(returns, type) and not issubclass(returns, Environment):
-        raise TypeError(f"{env_id} returns {returns.__name__}, not an Environment")
-    return factory  # type: ignore[no-any-return]
+        return typing.get_type_hints(fn).get("return")
+    except Exception:  # hints that do not resolve here: no declaration by annotation
+        return None
+
+
+def fit_args(factory: Callable[..., Any], args: dict[str, Any]) -> dict[str, Any]:
+    """`args` checked against the factory's signature and parameter annotations (by pydantic, as
+    `pydantic.validate_call` would, without calling it) and converted to the annotated types."""
+    name = getattr(factory, "__name__", repr(factory))
+    signature = _signature(factory)
+    if signature is None:  # no signature to read (a C function): checked when built
+        return args
+    try:
+        signature.bind(**args)
+    except TypeError as e:
+        raise EnvArgsError(f"args do not fit {name}: {e}") from None
+    params = signature.parameters
+    rest = next((p for p in params.values() if p.kind is p.VAR_KEYWORD), None)
+    fitted = {}
+    for arg, value in args.items():
+        param = params[arg] if arg in params and params[arg].kind is not params[arg].VAR_POSITIONAL else rest
+        hint = param.annotation if param is not None else inspect.Parameter.empty
+        if hint is inspect.Parameter.empty or isinstance(hint, str):  # none, or one that did not resolve
+            fitted[arg] = value
+        else:
+            where = f"args.{arg} = {value!r}: {name} takes {arg}: {inspect.formatannotation(hint)}"
+            fitted[arg] = _fit(hint, value, where)
+    return fitted
+
+
+def _signature(factory: Callable[..., Any]) -> inspect.Signature | None:
+    """The factory's signature with its annotations evaluated (left as strings where they do not
+    resolve here: those args are checked by name alone), or None if it has none."""
+    try:
+        return inspect.signature(factory, eval_str=True)
+    except (ValueError, TypeError):
+        return None
+    except Exception:  # an annotation that does not resolve here (a NameError, ...)
+        return inspect.signature(factory)
+
+
+def _fit(hint: Any, value: Any, where: str) -> Any:
+    try:
+        adapter = TypeAdapter(hint, config=_ANY_TYPE)
+    except PydanticUserError:  # a model, dataclass or TypedDict: it has a config of its own
+        adapter = TypeAdapter(hint)
+    except PydanticSchemaGenerationError:  # a type pydantic cannot check: left to the factory
+        return value
+    try:
+        return adapter.validate_python(value)
+    except ValidationError as e:
+        raise EnvArgsError(f"{where} ({e.errors()[0]['msg']})") from None
 
 
 def check_environment(env_id: str, args: dict[str, Any]) -> None:
     """What can be known of an environment without building it (building runs the user's code):
-    that it resolves, and that its signature takes `args`; for a bridged library, that the task
-    exists and `args` fit it."""
+    that it resolves to a declared factory, and that `args` fit its signature and annotations; for a
+    bridged library, that the task exists and `args` fit it."""
     if bridged := bridge(env_id):
         module, task = bridged
         module.check(task, args)
         return
-    factory = resolve_environment(env_id)
-    try:
-        inspect.signature(factory).bind(**args)
-    except TypeError as e:
-        raise TypeError(f"args do not fit {getattr(factory, '__name__', env_id)}: {e}") from None
-    except ValueError:  # a callable without a signature (a C function): checked when built
-        pass
+    fit_args(resolve_environment(env_id), args)
 
 
 def load_environment(env_id: str, args: dict[str, Any] | None = None) -> Environment:
@@ -86,7 +149,8 @@ def load_environment(env_id: str, args: dict[str, Any] | None = None) -> Environ
         module, task = bridged
         env = module.load(task, args or {})
     else:
-        env = resolve_environment(env_id)(**(args or {}))
+        factory = resolve_environment(env_id)
+        env = factory(**fit_args(factory, args or {}))
     if not isinstance(env, Environment):
         raise TypeError(f"{env_id} returned {type(env).__name__}, not an Environment")
     return env

@@ -35,7 +35,6 @@ vLLM 0.32's `mcp>=2` (see pyproject's `envs` extra).
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import json
 import logging
@@ -48,6 +47,7 @@ from pydantic import ValidationError
 
 from lorarl.orchestrator.envs.base import Environment, Episode, Example, Message
 from lorarl.orchestrator.tools import TOOL_CALL, Toolbox, ToolCall, ToolStats, parse_tool_calls
+from lorarl.plugins import import_user_module
 
 try:
     import verifiers.v1 as vf
@@ -102,7 +102,7 @@ def _import(taskset_id: str) -> ModuleType:
     if not taskset_id:
         raise ValueError(f"name the taskset: id = '{PREFIX}:<taskset package or module>'")
     if "." in taskset_id:  # a module path (verifiers' loaders take package names only)
-        return importlib.import_module(taskset_id)
+        return import_user_module(taskset_id)  # one line if the user's module fails to import
     return vf.import_taskset(taskset_id)
 
 
