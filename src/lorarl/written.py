@@ -67,12 +67,19 @@ def _entry(root: Path, path: Path) -> str:
 
 
 def recorded(root: Path) -> list[str]:
-    """The record's entries, oldest first, each once."""
+    """The record's entries, oldest first, each once; one that would leave `root` (a damaged or forged
+    record) is ignored."""
     try:
-        lines = (root / RECORD).read_text().splitlines()
+        lines = (root / RECORD).read_text(errors="replace").splitlines()
     except FileNotFoundError:
         return []
-    return list(dict.fromkeys(line for line in lines if line))
+    return list(dict.fromkeys(line for line in lines if _inside(line)))
+
+
+def _inside(relative: str) -> bool:
+    """Whether `relative` names something inside the folder it is relative to."""
+    path = Path(relative)
+    return bool(relative) and not path.is_absolute() and ".." not in path.parts
 
 
 def written_files(root: Path) -> set[Path]:
@@ -88,7 +95,7 @@ def written_files(root: Path) -> set[Path]:
 
 def folder_files(folder: Path) -> set[Path]:
     """The files of a folder lorarl wrote whole: its manifest's, the manifest itself and STABLE."""
-    return {folder / MANIFEST, folder / STABLE, *(folder / name for name in read_manifest(folder))}
+    return {folder / MANIFEST, folder / STABLE, *(folder / name for name in read_manifest(folder) if _inside(name))}
 
 
 def unwritten(root: Path, names: Iterable[str]) -> list[Path]:

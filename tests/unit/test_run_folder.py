@@ -257,3 +257,16 @@ def test_trainer_or_orchestrator_alone_needs_a_prepared_folder(tmp_path: Path) -
         RunFolder(tmp_path / "r").check_prepared("trainer")
     prepare(tmp_path / "r", dry_run=True)
     RunFolder(tmp_path / "r").check_prepared("trainer")
+
+
+def test_a_forged_record_or_manifest_cannot_reach_outside_its_folder(tmp_path: Path) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("the user's")
+    run = finished_run(tmp_path / "r")
+    with open(run.root / RECORD, "a") as f:
+        f.write("../victim.txt\n/etc/hostname\n")
+    manifest = run.trainer_checkpoint(2) / "MANIFEST.json"
+    manifest.write_text(json.dumps({"../../../../victim.txt": 10, "state.json": 2}))
+    run.remove_checkpoint(2)
+    prepare(run.root, overwrite=True)
+    assert victim.read_text() == "the user's" and Path("/etc/hostname").exists()
