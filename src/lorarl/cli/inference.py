@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shlex
 import sys
+from typing import NoReturn
 
 from lorarl.cli.common import load_or_exit
 from lorarl.config.models import RLConfig
@@ -13,19 +14,44 @@ from lorarl.inference.server import vllm_command, vllm_env
 from lorarl.launcher.placement import PlacementError, worker_gpus
 
 
+def refuse(message: str) -> NoReturn:
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def take_worker(args: list[str]) -> int:
+    """Remove `--worker i` (or `--worker=i`) from `args`; returns i, 0 without it."""
+    found = [i for i, a in enumerate(args) if a == "--worker" or a.startswith("--worker=")]
+    if not found:
+        return 0
+    if len(found) > 1:
+        refuse("--worker: given more than once")
+    i = found[0]
+    if "=" in args[i]:
+        value = args.pop(i).partition("=")[2]
+    elif i + 1 < len(args):
+        value = args.pop(i + 1)
+        del args[i]
+    else:
+        refuse("--worker: expected a worker number (0 for the first of inference.num_workers)")
+    if not (value.isascii() and value.isdigit()):
+        refuse(f"--worker {value}: expected a worker number (0 for the first of inference.num_workers)")
+    return int(value)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else list(argv)
-    worker = 0
-    if "--worker" in args:  # which of inference.num_workers to be: its port is inference.port + worker
-        i = args.index("--worker")
-        worker = int(args[i + 1])
-        del args[i : i + 2]
+    worker = take_worker(args)  # which of inference.num_workers to be: its port is inference.port + worker
     cfg = load_or_exit(RLConfig, args)
+    if worker >= cfg.inference.num_workers:
+        refuse(
+            f"--worker {worker}: inference.num_workers = {cfg.inference.num_workers} has workers "
+            f"0-{cfg.inference.num_workers - 1}"
+        )
     try:
         gpus = worker_gpus(cfg, worker)
     except PlacementError as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+        refuse(str(e))
     cmd, env = vllm_command(cfg, worker), vllm_env(cfg, gpus)
     print(" ".join([*(f"{k}={v}" for k, v in env.items()), shlex.join(cmd)]), flush=True)
     if not cfg.dry_run:

@@ -590,7 +590,7 @@ class InferenceConfig(Section):
     given to both is refused."""
     host: str = "127.0.0.1"
     """Address the vLLM servers `rl` starts listen on and are reached at."""
-    port: int = 8000
+    port: int = Field(8000, ge=1, le=65535)
     """Port of the first vLLM server `rl` starts; worker i listens on port + i."""
     urls: list[str] = []
     """Base URLs of vLLM servers that are already running (e.g. "http://127.0.0.1:8000"), used instead of
@@ -646,6 +646,12 @@ class InferenceConfig(Section):
             raise ValueError(
                 f"inference.api_key is required when inference.host ({self.host}) is not a loopback address"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _every_worker_has_a_port(self) -> InferenceConfig:
+        if (last := self.port + self.num_workers - 1) > 65535:
+            raise ValueError(f"port = {self.port}: worker {self.num_workers - 1} would listen on {last}, above 65535")
         return self
 
     @model_validator(mode="after")
@@ -793,6 +799,24 @@ class ClusterConfig(Section):
     placement_timeout: float = Field(300.0, gt=0)
     """Seconds to wait for the Ray cluster to grant every bundle (an autoscaler may add nodes meanwhile);
     then `rl` stops and names the bundles it could not place."""
+    connect_timeout: float = Field(10.0, gt=0)
+    """Seconds `rl` waits for the Ray head at address ("host:port", "ray://host:port") to accept a
+    connection; then it stops with one line naming the address (Ray itself would retry for minutes)."""
+
+    @field_validator("address", mode="after")
+    @classmethod
+    def _port_in_range(cls, value: str | None) -> str | None:
+        port = value.rpartition(":")[2] if value else ""
+        if port.isdigit() and not 0 < int(port) < 65536:
+            raise ValueError(f"{value!r}: a port is 1-65535")
+        return value
+
+    @field_validator("trainer_resources", "inference_resources", mode="after")
+    @classmethod
+    def _positive_amounts(cls, value: dict[str, float]) -> dict[str, float]:
+        if bad := {k: v for k, v in value.items() if not v > 0}:  # NaN included
+            raise ValueError(f"{bad}: a bundle asks for a positive amount of each resource")
+        return value
 
 
 VARIANT_NAME = r"^[A-Za-z0-9][A-Za-z0-9_-]*$"

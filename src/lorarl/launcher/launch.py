@@ -6,8 +6,10 @@ A worker that dies is restarted (`inference.max_restarts`); the orchestrator rou
 meanwhile. A trainer or orchestrator that dies restarts both from the latest complete checkpoint
 (`auto_resume`), keeping the workers. Any other failure stops every process, and the run ends
 non-zero with the tail of the failing log. Ctrl-C or SIGTERM stops everything and leaves no
-process behind. On a Ray cluster (cluster.backend = "ray") the same loop drives `RayCluster`, which
-places the workers and trainer ranks on the cluster's nodes and has the `Supervisor`'s interface.
+process behind; `rl` then exits with 128 + the signal's number (130, 143), as a shell reports a
+process killed by it. On a Ray cluster (cluster.backend = "ray") the same loop drives `RayCluster`,
+which places the workers and trainer ranks on the cluster's nodes and has the `Supervisor`'s
+interface.
 """
 
 from __future__ import annotations
@@ -34,13 +36,17 @@ log = logging.getLogger("lorarl.rl")
 class Stop(Exception):
     """A SIGINT or SIGTERM arrived."""
 
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _stop(signum: int, _frame: FrameType | None) -> None:
+    raise Stop(signum)
+
 
 def launch(cfg: RLConfig, run: RunFolder, specs: list[ProcessSpec], placement: Placement) -> int:
     """Start `specs` (in order), supervise them, stop them all; returns the exit code for `rl`."""
-
-    def _stop(signum: int, _frame: FrameType | None) -> None:
-        raise Stop(signal.Signals(signum).name)
-
     signal.signal(signal.SIGINT, _stop)
     signal.signal(signal.SIGTERM, _stop)
     supervisor: Supervisor | RayCluster = Supervisor(run.logs)
@@ -55,7 +61,7 @@ def launch(cfg: RLConfig, run: RunFolder, specs: list[ProcessSpec], placement: P
         return supervise(cfg, run, specs, supervisor, placement)
     except Stop as e:
         log.info("%s: stopping every process of the run", e)
-        return 130
+        return 128 + e.signum
     except ClusterError as e:
         log.error("%s", e)
         return 1

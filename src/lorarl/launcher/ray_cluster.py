@@ -6,7 +6,13 @@ it, a small actor, `ProcessHost`, that runs the very command `rl` runs locally (
 logs/ (with cluster.shared_fs = false, in the node's copy, fetched at the end). The orchestrator
 stays a local subprocess, where `rl` runs. `launch.py` drives this class exactly as the local
 `Supervisor`, so failures, restarts, auto_resume and Ctrl-C behave the same; `stop_all` also
-removes every actor and the placement group, and stops Ray if `rl` started it.
+removes every actor and the placement group, and stops Ray if `rl` started it. One thing differs: a
+process whose actor (its node) is lost is not restarted, since its bundle is gone with the node; the
+run stops with one line naming the node, to be resumed with `--resume` (`ClusterError`).
+
+Connecting is bounded: the head at cluster.address must accept a TCP connection within
+cluster.connect_timeout, or `rl` stops with one line, where Ray would retry for minutes in code that
+no signal interrupts. Ray's driver installs a SIGTERM handler of its own; `rl`'s is put back.
 
 The run folder is where adapters and rollout batches meet, so before anything starts every node
 proves it sees the same one: each writes a probe file there that every other node must read.
@@ -17,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import socket
 import sys
 from collections.abc import Callable
@@ -29,16 +36,50 @@ from lorarl.launcher.placement import Placement
 from lorarl.launcher.plan import ProcessSpec
 from lorarl.launcher.relay import Relay, read_lines, write_file
 from lorarl.launcher.supervisor import Supervisor
-from lorarl.run_folder import RunFolder
+from lorarl.run_folder import MARKER, RunFolder
 from lorarl.written import record_written
 
 log = logging.getLogger("lorarl.rl")
 T = TypeVar("T")
-LOST = -1  # the exit code reported for a process whose node (or actor) was lost
 
 
 class ClusterError(Exception):
     """The cluster cannot run this config as it is; str() is one line for the user."""
+
+
+def first_line(e: BaseException) -> str:
+    """The first line of a Ray error, whose str() goes on with the dead actor's whole description."""
+    return next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
+
+
+def unreachable(address: str, timeout: float) -> str | None:
+    """Why nothing accepts a connection at `address` ("host:port" or "ray://host:port") within `timeout`
+    seconds, or None when something does."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            return None
+    except OSError as e:
+        return e.strerror or str(e) or type(e).__name__
+
+
+def init_ray(address: str | None) -> None:
+    """`ray.init`, with `rl`'s SIGTERM handler kept: Ray's own turns SIGTERM into SystemExit(15)."""
+    import ray
+
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        if address is None:  # a Ray instance of the run's own
+            ray.init(namespace="lorarl", log_to_driver=False, include_dashboard=False)
+        else:
+            ray.init(address=address, namespace="lorarl", log_to_driver=False)
+    except SystemExit as e:
+        if e.code == signal.SIGTERM:  # a SIGTERM while connecting, through Ray's handler: give it to rl's
+            signal.signal(signal.SIGTERM, handler)
+            signal.raise_signal(signal.SIGTERM)
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, handler)
 
 
 def existing(paths: list[str]) -> list[str]:
@@ -114,7 +155,6 @@ class RayCluster:
         self.group: Any = None
         self.roots: list[str] = []  # the run folder each bundle's process uses on its node
         self.relay: Relay | None = None  # cluster.shared_fs = false
-        self.lost: set[int] = set()  # bundles whose actor is gone (reported once)
 
     def open(self) -> Placement:
         """Connect to (or start) Ray, place every bundle, start an actor in each and check that every
@@ -124,13 +164,17 @@ class RayCluster:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         cluster = self.cfg.cluster
+        if cluster.address not in (None, "auto") and (why := unreachable(cluster.address, cluster.connect_timeout)):
+            raise ClusterError(
+                f"cluster.address {cluster.address}: no Ray cluster answers there ({why}; cluster.connect_timeout = "
+                f"{cluster.connect_timeout:g} s): start its head (`ray start --head`), or correct the address"
+            )
         try:
-            if cluster.address is None:  # a Ray instance of the run's own
-                ray.init(namespace="lorarl", log_to_driver=False, include_dashboard=False)
-            else:
-                ray.init(address=cluster.address, namespace="lorarl", log_to_driver=False)
+            init_ray(cluster.address)
         except (ConnectionError, RuntimeError, ValueError) as e:
-            raise ClusterError(f"cluster.address {cluster.address}: cannot reach the Ray cluster: {e}") from None
+            raise ClusterError(
+                f"cluster.address {cluster.address}: cannot reach the Ray cluster: {first_line(e)}"
+            ) from None
         gpus = ray.cluster_resources().get("GPU", 0) > 0
         self.bundles = plan_bundles(self.cfg, gpus)
         self.group = placement_group([b.resources for b in self.bundles], strategy="PACK",
@@ -220,7 +264,7 @@ class RayCluster:
         try:
             ray.get([self.hosts[i].start.remote(s, sys.executable, f"{self.roots[i]}/logs") for i, s in specs.items()])
         except ray.exceptions.RayError as e:  # e.g. a worker restarted on a node that is gone
-            raise ClusterError(f"{spec.name}: could not start on node {self.nodes[mine[0]][0][:12]}: {e}") from None
+            raise ClusterError(self._lost(mine[0], e)) from None
 
     def _command(self, spec: ProcessSpec, i: int) -> list[str]:
         """`spec`'s command for bundle i. With cluster.shared_fs = false, a trainer rank's config goes to
@@ -233,6 +277,8 @@ class RayCluster:
         there = f"{self.roots[i]}/configs/trainer.json"
         cfg = {**json.loads(Path(local).read_text()), "output_dir": str(Path(self.roots[i]).parent)}
         ray.get(self.hosts[i].call.remote(write_file, there, json.dumps(cfg, indent=2)))
+        # The run's marker: the trainer writes only into a folder that bears it (RunFolder.check_prepared).
+        ray.get(self.hosts[i].call.remote(write_file, f"{self.roots[i]}/{MARKER}", self.run.marker.read_text()))
         return [there if part == local else part for part in spec.cmd]
 
     def _log_name(self, i: int) -> str:
@@ -243,7 +289,17 @@ class RayCluster:
         b = self.bundles[i]
         return {"RANK": str(b.rank)} if self.cfg.trainer.parallel.dp > 1 and b.process == "trainer" else {}
 
+    def _lost(self, i: int, e: BaseException) -> str:
+        """The one line that stops a run whose bundle i lost its actor (its node, most often)."""
+        node, address = self.nodes[i]
+        return (
+            f"{self._log_name(i)}: its Ray node {node[:12]} ({address}) is lost, and the process with it "
+            f"({first_line(e)}); the run stops. Once the cluster has room for it again, run the same command with "
+            "--resume to go on from the last checkpoint"
+        )
+
     def _polls(self) -> list[int | None]:
+        """Each bundle's exit code (None: running); raises `ClusterError` for a lost actor."""
         import ray
 
         codes: list[int | None] = []
@@ -251,18 +307,15 @@ class RayCluster:
             try:
                 codes.append(ray.get(h.poll.remote()))
             except ray.exceptions.RayError as e:  # the actor or its node is gone
-                if i not in self.lost:
-                    log.error("%s: lost its Ray actor on node %s: %s", self._log_name(i), self.nodes[i][0][:12], e)
-                    self.lost.add(i)
-                codes.append(LOST)
+                raise ClusterError(self._lost(i, e)) from None
         return codes
 
     def failed(self) -> tuple[str, int] | None:
-        if self.relay is not None and self.relay.error is not None:
-            return "relay", 1  # its log: logs/relay.log
-        for i, code in enumerate(self._polls()):
+        for i, code in enumerate(self._polls()):  # first: a lost node also fails the relay
             if code not in (None, 0):
                 return self.bundles[i].process, code
+        if self.relay is not None and self.relay.error is not None:
+            return "relay", 1  # its log: logs/relay.log
         return self.local.failed()
 
     def finished(self, names: list[str]) -> bool:
@@ -282,7 +335,7 @@ class RayCluster:
             try:
                 ray.get(call, timeout=grace + 30)
             except ray.exceptions.RayError as e:
-                log.warning("stopping a placed process: %s", e)
+                log.warning("stopping a placed process: %s", first_line(e))
 
     def stop_all(self, grace: float = 15.0) -> None:
         """Stop every process, then remove every actor and the placement group; stop Ray if rl started it."""
@@ -312,7 +365,7 @@ class RayCluster:
             try:
                 text, _ = ray.get(h.call.remote(read_lines, f"{self.roots[i]}/logs/{self._log_name(i)}.log", 0))
             except ray.exceptions.RayError as e:
-                log.warning("the log of %s stays on its node: %s", self._log_name(i), e)
+                log.warning("the log of %s stays on its node: %s", self._log_name(i), first_line(e))
                 continue
             (self.run.logs / f"{self._log_name(i)}.log").write_bytes(text)
             record_written(self.run.logs / f"{self._log_name(i)}.log")
@@ -326,4 +379,4 @@ class RayCluster:
         try:
             return str(ray.get(self.hosts[failing].tail.remote(self._log_name(failing), lines)))
         except ray.exceptions.RayError as e:
-            return f"(its node {self.nodes[failing][0][:12]} is lost: {e})\n"
+            return f"(its node {self.nodes[failing][0][:12]} is lost: {first_line(e)})\n"

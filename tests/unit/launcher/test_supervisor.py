@@ -1,0 +1,90 @@
+"""The `Supervisor` stops whole process groups: what a dead leader left in its group (as vLLM's engine
+core outlives its server) is stopped before a restart and when the run ends. Real processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from lorarl.launcher.plan import ProcessSpec
+from lorarl.launcher.supervisor import Supervisor, group_members
+
+# A leader that starts a member of its group, which ignores SIGTERM if asked, and says its pid.
+LEADER = """
+import subprocess, sys, time
+member = subprocess.Popen([sys.executable, "-c", sys.argv[1]])
+print(member.pid, flush=True)
+time.sleep(600)
+"""
+MEMBER = "import signal, time\n{}time.sleep(600)"
+
+
+def leader(name: str, deaf: bool = False) -> ProcessSpec:
+    member = MEMBER.format("signal.signal(signal.SIGTERM, signal.SIG_IGN)\n" if deaf else "")
+    return ProcessSpec(name, [sys.executable, "-c", LEADER, member])
+
+
+def member_pid(sup: Supervisor, name: str) -> int:
+    deadline = time.monotonic() + 30
+    while not (text := sup.log_path(name).read_text().strip()):
+        assert time.monotonic() < deadline, "the leader did not start its member"
+        time.sleep(0.05)
+    return int(text.splitlines()[-1])
+
+
+def running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.fixture
+def sup(tmp_path: Path) -> Iterator[Supervisor]:
+    supervisor = Supervisor(tmp_path / "logs")
+    yield supervisor
+    supervisor.stop_all(grace=1)
+
+
+def test_a_restart_first_stops_what_the_dead_leader_left(sup: Supervisor, caplog: pytest.LogCaptureFixture) -> None:
+    first = sup.start(leader("inference-0"))
+    orphan = member_pid(sup, "inference-0")
+    os.kill(first.pid, signal.SIGKILL)  # as `kill -9` of vLLM's server
+    first.wait()
+    assert running(orphan) and sup.failed() == ("inference-0", -9)
+    assert [p.pid for p in group_members(first.pid)] == [orphan]  # the group outlives its leader
+    second = sup.start(leader("inference-0"))
+    assert not running(orphan)
+    assert "inference-0: stopped 1 process(es) its previous run left in its process group" in caplog.text
+    assert second.poll() is None and sup.failed() is None
+
+
+def test_a_member_deaf_to_sigterm_is_killed_after_the_grace_period(sup: Supervisor) -> None:
+    proc = sup.start(leader("trainer", deaf=True))
+    member = member_pid(sup, "trainer")
+    assert sup.stop(["trainer"], grace=1) == 0  # its leader was alive: nothing was left behind
+    assert proc.returncode == -signal.SIGTERM and not running(member)
+    assert not group_members(proc.pid)
+
+
+def test_stop_all_reaches_the_group_of_a_leader_already_gone(sup: Supervisor) -> None:
+    proc = sup.start(leader("inference-1"))
+    orphan = member_pid(sup, "inference-1")
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    sup.stop_all(grace=5)
+    assert not running(orphan)
+
+
+def test_a_finished_run_leaves_its_log_and_no_group(sup: Supervisor) -> None:
+    proc = sup.start(ProcessSpec("orchestrator", [sys.executable, "-c", "print('done')"]))
+    assert proc.wait(timeout=30) == 0 and sup.finished(["orchestrator"])
+    assert sup.stop(["orchestrator"], grace=1) == 0
+    assert sup.tail("orchestrator") == "done\n"
