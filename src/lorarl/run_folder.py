@@ -215,7 +215,7 @@ class RunFolder:
                 "continue it with --resume, or start over with --overwrite, which deletes its outputs"
             )
         if marker is not None:
-            self._refuse_unwritten("--resume" if resume else "--overwrite")
+            self._refuse_unwritten("--resume" if resume else "--overwrite" if overwrite else "a new run")
         if dry_run:
             if marker is None:
                 self._make_root()
