@@ -618,10 +618,11 @@ class InferenceConfig(Section):
     """Seconds the orchestrator keeps retrying while no worker answers (each failing worker is taken
     out of routing and put back once healthy, with the adapters in use); then the run stops."""
     request_timeout: float = Field(60.0, gt=0)
-    """Seconds a worker gets to answer any request (queueing, the prompt, an adapter load) before it
-    counts as stalled; a generation gets max_tokens / min_tokens_per_s seconds more. A stalled worker
-    is taken out of routing while the others carry the run (logged, and counted in inference/stalls),
-    and put back once /health answers again; its request is sent again elsewhere."""
+    """Seconds a worker gets to answer any request (queueing, the prompt, an adapter load, the /health
+    probe sent every 5 s) before it counts as stalled; a generation gets max_tokens / min_tokens_per_s
+    seconds more. A stalled worker is taken out of routing while the others carry the run (logged, and
+    counted in inference/stalls), its requests are sent again elsewhere, and it is put back once
+    /health answers again."""
     min_tokens_per_s: float = Field(2.0, gt=0)
     """The slowest generation expected of a healthy worker, in tokens per second of one sequence: a
     completion request may take request_timeout + max_tokens / min_tokens_per_s seconds. Lower it for

@@ -27,11 +27,18 @@ class ServerCheckError(ValueError):
 
 def is_healthy(url: str) -> bool:
     """Whether the vLLM server at `url` answers GET /health with 200."""
+    return health_problem(url) is None
+
+
+def health_problem(url: str, timeout: float = 2.0) -> OSError | None:
+    """None if the server at `url` answers GET /health with 200 within `timeout` seconds; else what went
+    wrong: a TimeoutError if it did not answer in time."""
     try:
-        with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
-            return bool(resp.status == 200)
-    except OSError:
-        return False
+        with urllib.request.urlopen(f"{url}/health", timeout=timeout) as resp:
+            return None if resp.status == 200 else OSError(f"/health answered {resp.status}")
+    except OSError as e:
+        reason = getattr(e, "reason", None)  # urllib wraps a timeout while connecting in a URLError
+        return reason if isinstance(reason, TimeoutError) else e
 
 
 def wait_until_healthy(

@@ -8,8 +8,11 @@ version still in use and is put back. Only when no worker has been routable for
 `unavailable_timeout` seconds does a request fail, which stops the orchestrator.
 
 A worker that stops answering without failing (frozen, swapping) is found by the requests' timeouts
-(client.py: they follow the tokens asked for) and counted in `stalls`; each outage is logged when
-it starts and, with its length, when it ends, so that even a short freeze leaves a trace.
+(client.py: they follow the tokens asked for), or sooner by a watchdog that asks every routable
+worker for /health every few seconds and gives it the requests' fixed timeout to answer (a long
+generation does not delay that). A stalled worker is counted in `stalls`, and the requests it holds
+are abandoned and sent elsewhere at once. Each outage is logged when it starts and, with its length,
+when it ends, so that even a short freeze leaves a trace.
 Adapters on a shared server that this pool did not load are never unloaded.
 """
 
@@ -22,7 +25,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from lorarl.inference.client import Completion, InferenceClient, InferenceError, WorkerStalled, WorkerUnavailable
-from lorarl.inference.health import is_healthy
+from lorarl.inference.health import health_problem, is_healthy
 
 log = logging.getLogger("lorarl.inference")
 T = TypeVar("T")
@@ -59,6 +62,10 @@ class WorkerPool:
         # Full fine-tuning: the model folder every worker serves (None: the base model); a returning worker reloads it.
         self.weights: str | None = None
         self._watchers: dict[InferenceClient, asyncio.Task[None]] = {}
+        # Set while a worker is out of routing for a stall: the requests it holds are abandoned.
+        self._stalled = {w: asyncio.Event() for w in self.workers}
+        self._watchdog: asyncio.Task[None] | None = None  # started with the first request (it needs the loop)
+        self.probe_every = 10 * poll  # seconds between the watchdog's rounds of /health
         self.outages = 0  # workers taken out of routing so far
         self.stalls = 0  # of which for not answering in time (WorkerStalled)
 
@@ -75,13 +82,43 @@ class WorkerPool:
 
     async def _route(self, call: Callable[[InferenceClient], Awaitable[T]]) -> T:
         """`call` on the least busy routable worker, again elsewhere while workers fail."""
+        if self._watchdog is None:
+            self._watchdog = asyncio.create_task(self._watch())
         deadline = time.monotonic() + self.unavailable_timeout
         while True:
             worker = await self._pick(deadline)
             try:
-                return await call(worker)
+                return await self._unless_stalled(worker, call(worker))
             except WorkerUnavailable as e:
                 self._take_out(worker, e)
+
+    async def _unless_stalled(self, worker: InferenceClient, request: Awaitable[T]) -> T:
+        """The answer to `request` on `worker`; WorkerUnavailable if the worker is found stalled first
+        (by another request or the watchdog): its request is cancelled, to be sent elsewhere."""
+        answer = asyncio.ensure_future(request)
+        stalled = asyncio.ensure_future(self._stalled[worker].wait())
+        try:
+            await asyncio.wait({answer, stalled}, return_when=asyncio.FIRST_COMPLETED)
+        finally:  # also when this is cancelled: neither outlives it
+            stalled.cancel()
+            abandoned = not answer.done()
+            if abandoned:
+                answer.cancel()
+        if abandoned:
+            raise WorkerUnavailable(f"{worker.base_url} stalled while this request ran")
+        return answer.result()
+
+    async def _watch(self) -> None:
+        """Every probe_every seconds, each routable worker's /health, in parallel: one that does not
+        answer within the requests' fixed timeout is stalled (or down) and leaves routing."""
+        while True:
+            await asyncio.sleep(self.probe_every)
+            workers = list(self.routable)
+            probes = (asyncio.to_thread(health_problem, w.base_url, w.timeout) for w in workers)
+            for worker, problem in zip(workers, await asyncio.gather(*probes), strict=True):
+                if problem is not None:
+                    kind = WorkerStalled if isinstance(problem, TimeoutError) else WorkerUnavailable
+                    self._take_out(worker, kind(f"GET {worker.base_url}/health: {problem!r}"))
 
     async def load_adapter(self, name: str, path: str, replace: bool = False) -> None:
         """Load into every routable worker; the others get it when they return. `replace`: see
@@ -100,9 +137,10 @@ class WorkerPool:
         await self._on_routable(lambda w: w.unload_adapter(name))
 
     async def close(self) -> None:
-        for task in self._watchers.values():
+        tasks = [*self._watchers.values(), *([self._watchdog] if self._watchdog else [])]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._watchers.values(), return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         await asyncio.gather(*(w.close() for w in self.workers))
 
     async def _on_routable(self, call: Any) -> None:
@@ -131,6 +169,7 @@ class WorkerPool:
         self.outages += 1
         if isinstance(error, WorkerStalled):
             self.stalls += 1
+            self._stalled[worker].set()
             log.warning("%s stalled, taking it out of routing (%d of %d worker(s) left): %s",
                         worker.base_url, len(self.routable), len(self.workers), error)  # fmt: skip
         else:
@@ -155,6 +194,7 @@ class WorkerPool:
             except InferenceError as e:  # refused for good (another run's adapter of our name): no way back
                 log.error("%s stays out of routing: %s", worker.base_url, e)
                 return
+            self._stalled[worker].clear()
             self.routable.append(worker)
             del self._watchers[worker]
             log.info("%s is back in routing after %.1f s out, with %d adapter(s)", worker.base_url,

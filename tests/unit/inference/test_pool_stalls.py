@@ -56,6 +56,38 @@ def test_a_frozen_worker_is_routed_around_logged_and_put_back(caplog: pytest.Log
     assert f"{frozen.url} is back in routing after" in log
 
 
+def test_a_freeze_shorter_than_a_long_generations_timeout_is_found_by_the_watchdog(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Requests allowed 1000 s (max_tokens at a slow floor) on a worker frozen for 2 s: the watchdog's
+    /health gets the fixed 0.3 s, so the requests leave the frozen worker at once and the freeze is
+    logged with its length."""
+    caplog.set_level(logging.INFO, "lorarl.inference")
+
+    async def run(healthy: FakeVLLM, frozen: FakeVLLM) -> float:
+        pool = WorkerPool([frozen.url, healthy.url], timeout=0.3, tokens_per_s=0.01, poll=0.05)
+        try:
+            frozen.frozen.set()
+            start = time.monotonic()
+            await sample(pool, 4)
+            took = time.monotonic() - start
+            await asyncio.sleep(2)
+            frozen.frozen.clear()
+            await until(lambda: len(pool.routable) == 2)
+            return took
+        finally:
+            await pool.close()
+
+    with FakeVLLM() as healthy, FakeVLLM() as frozen:
+        took = asyncio.run(run(healthy, frozen))
+    assert took < 5, took
+    assert (
+        f"{frozen.url} stalled, taking it out of routing (1 of 2 worker(s) left): GET {frozen.url}/health"
+        in caplog.text
+    )
+    assert f"{frozen.url} is back in routing after" in caplog.text
+
+
 def test_a_returning_worker_keeps_the_adapters_of_other_runs() -> None:
     async def run(server: FakeVLLM) -> None:
         pool = WorkerPool([server.url], timeout=0.2, poll=0.05)
