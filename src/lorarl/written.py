@@ -31,7 +31,6 @@ STABLE = "STABLE"  # added to an adapter folder after its rename: part of the fo
 # A folder half-written by write_folder_atomically when its process died (`.step_3.tmp-1234`): lorarl's
 # own, never read, never a user's: left where it is.
 TEMPORARY = re.compile(r"^\..+\.(tmp|old)-\d+$")
-_CHUNK = 1 << 20
 
 
 def record_root(path: Path) -> Path | None:
@@ -139,18 +138,21 @@ def remove_folder(folder: Path, stop: Path | None = None) -> None:
     """Delete the files of `folder`, written whole by lorarl (its manifest's, MANIFEST.json, STABLE),
     then the folders this emptied, up to `stop` (default: `folder`'s parent). A folder lorarl did not
     write whole (no manifest) loses nothing."""
+    if folder.is_symlink():  # a link put in its place leads to someone else's files
+        return
     files = folder_files(folder)
     for path in sorted(files, key=lambda p: p == folder / MANIFEST):  # the manifest last
-        if path.is_symlink() or path.is_file():
-            path.unlink()
+        _unlink(path, folder, prune=False)
     for parent in sorted({p.parent for p in files}, key=lambda p: -len(p.parts)):
         _prune(parent, stop or folder.parent)
 
 
-def _unlink(path: Path, stop: Path) -> None:
-    if path.is_symlink() or path.is_file():
+def _unlink(path: Path, root: Path, prune: bool = True) -> None:
+    """Delete the file `path` if it is one and lies in `root` itself, not through a link to elsewhere."""
+    if (path.is_symlink() or path.is_file()) and path.parent.resolve().is_relative_to(root.resolve()):
         path.unlink()
-    _prune(path.parent, stop)
+    if prune:
+        _prune(path.parent, root)
 
 
 def _prune(folder: Path, stop: Path) -> None:

@@ -270,3 +270,24 @@ def test_a_forged_record_or_manifest_cannot_reach_outside_its_folder(tmp_path: P
     run.remove_checkpoint(2)
     prepare(run.root, overwrite=True)
     assert victim.read_text() == "the user's" and Path("/etc/hostname").exists()
+
+
+def test_a_link_put_in_place_of_lorarls_folder_leads_nowhere(tmp_path: Path) -> None:
+    """samples/ and a checkpoint replaced by links to a user's folder holding files of the same names."""
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "step_1.jsonl").write_text("the user's")
+    (user / "state.json").write_text("the user's")
+    (user / "MANIFEST.json").write_text(json.dumps({"state.json": 10}))
+    run = finished_run(tmp_path / "r")
+    run.samples(1).unlink()
+    run.samples(1).parent.rmdir()
+    run.samples(1).parent.symlink_to(user)
+    trainer = run.trainer_checkpoint(2)
+    for path in trainer.iterdir():
+        path.unlink()
+    trainer.rmdir()
+    trainer.symlink_to(user)
+    run.remove_checkpoint(2)
+    run.clear_regenerated()
+    assert sorted(p.name for p in user.iterdir()) == ["MANIFEST.json", "state.json", "step_1.jsonl"]
