@@ -22,7 +22,12 @@ CHECK_TIMEOUT = 5.0  # seconds for each request of `check_served_model`: a vLLM 
 
 
 class ServerCheckError(ValueError):
-    """A url of inference.urls is not a vLLM server serving model.name; str() is one line."""
+    """A url of inference.urls is not a vLLM server serving model.name; str() is one line. `answered`:
+    something answered there (False: refused, or timed out: a server that may still be starting)."""
+
+    def __init__(self, message: str, answered: bool = True) -> None:
+        super().__init__(message)
+        self.answered = answered
 
 
 def is_healthy(url: str) -> bool:
@@ -97,7 +102,7 @@ def _get(url: str, path: str, api_key: str | None, timeout: float) -> bytes:
         ) from None
     except (OSError, ValueError) as e:  # refused, timed out, not HTTP, a malformed url
         reason = getattr(e, "reason", None) or e
-        raise ServerCheckError(f"inference.urls: nothing usable answers at {url} ({reason})") from None
+        raise ServerCheckError(f"inference.urls: nothing usable answers at {url} ({reason})", answered=False) from None
 
 
 def _same_model(model: str, served: dict[str, Any]) -> bool:

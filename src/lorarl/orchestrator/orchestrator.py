@@ -65,7 +65,7 @@ async def orchestrate(cfg: RLConfig) -> None:
     from transformers import AutoTokenizer
 
     inf, urls = cfg.inference, worker_urls(cfg)
-    check_given_servers(cfg)  # nothing else runs yet: blocking here delays nothing
+    check_given_servers(cfg, strict=False)  # nothing else runs yet: blocking here delays nothing
     here = str(cfg.run_dir.resolve())
     run_dirs = [(here, there) for there in inf.worker_run_dirs] or None
     pool = WorkerPool(urls, inf.api_key, timeout=inf.request_timeout, unavailable_timeout=inf.unavailable_timeout,
@@ -74,6 +74,7 @@ async def orchestrate(cfg: RLConfig) -> None:
         orchestrators = build_orchestrators(cfg, pool, AutoTokenizer.from_pretrained(cfg.model.name))
         log.info("waiting for %d inference worker(s): %s", len(urls), urls)
         await asyncio.to_thread(wait_until_healthy, urls, cfg.inference.startup_timeout)
+        check_given_servers(cfg, strict=True)  # those that were still starting, too
         for orchestrator in orchestrators:
             await orchestrator.watcher.remove_leftovers()
         await run_all(orchestrators)
@@ -81,15 +82,17 @@ async def orchestrate(cfg: RLConfig) -> None:
         await pool.close()
 
 
-def check_given_servers(cfg: RLConfig) -> None:
-    """Servers not started by `rl` (inference.urls) are vLLM serving model.name, or the process stops
-    with one line and exit code 2 before it writes anything (`rl` checked them too, before it started)."""
+def check_given_servers(cfg: RLConfig, strict: bool) -> None:
+    """Servers at inference.urls are vLLM serving model.name, or the process stops with one line and exit
+    code 2 (`rl` checked them too, before it started). Not `strict`: one where nothing answers yet (still
+    starting, or restarting while `rl` restarts this process) is waited for (wait_until_healthy)."""
     for url in cfg.inference.urls:
         try:
             check_served_model(url, cfg.model.name, cfg.inference.api_key)
         except ServerCheckError as e:
-            print(f"error: {e}", file=sys.stderr)
-            raise SystemExit(2) from None
+            if strict or e.answered:
+                print(f"error: {e}", file=sys.stderr)
+                raise SystemExit(2) from None
 
 
 def build_orchestrators(cfg: RLConfig, pool: WorkerPool, tokenizer: PreTrainedTokenizerBase) -> list[Orchestrator]:

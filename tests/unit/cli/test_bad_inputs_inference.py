@@ -131,10 +131,11 @@ CASES: list[Case] = [
     ("rl", rl_urls("keyed"), "/v1/models answered HTTP 401 (inference.api_key)"),
     ("rl", rl_urls("keyed", extra=("--inference.api_key", "not-the-key")), "answered HTTP 401 (inference.api_key)"),
     ("rl", rl_urls("right", "closed"), "nothing usable answers at"),  # the second of two
-    # The orchestrator run alone checks them as rl does, before it writes anything.
+    # The orchestrator run alone checks them as rl does, before it writes anything (a url where nothing
+    # answers yet it waits for: under `rl`, a server may be restarting when the orchestrator is).
     ("orchestrator", alone(server="files"), "/health answered HTTP 404"),
     ("orchestrator", alone(server="other"), "other-model, not model.name"),
-    ("orchestrator", alone(server="closed"), "nothing usable answers at"),
+    ("orchestrator", alone(server="models_other_vendor"), f"{NOT_A_VLLM} (its /v1/models answers"),
     ("orchestrator", alone("--inference.request_timeout", "-30"), f"inference.request_timeout: {POSITIVE}"),
     # Request timeouts and the slowest generation expected of a worker.
     ("rl", rl_args("--inference.request_timeout", "0"), f"inference.request_timeout: {POSITIVE}"),
