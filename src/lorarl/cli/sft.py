@@ -39,12 +39,16 @@ def main(argv: list[str] | None = None) -> None:
         os.execv(sys.executable, [*torchrun(cfg.parallel.dp), "-m", "lorarl.cli.sft", *args])
     from lorarl.trainer.sft import train  # torch and transformers load only once the config is valid
     from lorarl.trainer.sft_data import DataError
+    from lorarl.trainer.skeleton import TrainingStopped
 
     try:
         train(cfg)
     except DataError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+    except TrainingStopped as e:  # the run went wrong (NaN weights, no gradient): no result written
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 def prepare(cfg: SFTConfig) -> None:

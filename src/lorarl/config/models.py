@@ -178,7 +178,9 @@ class OptimConfig(Section):
     logged grad_norm is the norm before clipping)."""
     max_skipped_steps: int = Field(3, ge=1)
     """A step whose loss or gradient is NaN or infinite changes no weight (skipped, counted in
-    `skipped_steps`); this many such steps in a row stop the run, so no NaN adapter is ever written."""
+    `skipped_steps`); this many such steps in a row stop the run, as do this many in a row whose
+    gradient is exactly 0 although they had a loss to learn from (saturated weights: lr far too high).
+    An update that makes a weight NaN or infinite stops it at once: no such adapter is ever written."""
 
 
 class SchedulerConfig(Section):

@@ -92,7 +92,8 @@ def train_step(trainer: Trainer[Model], cfg: RLConfig, step: int, metrics: Metri
         step_stats = forward_backward_step(model, samples, pass_loss, trainer.passes, dp)
         loss = step_stats.pop("loss")
         t_backward = time.perf_counter()
-        grad_norm, lr = trainer.optimizer_step()
+        grad_norm, lr = trainer.optimizer_step(step, signal=any(s.advantage != 0 for s in samples))
+        trainer.check_weights()  # before the adapter is written (which waits for the device anyway)
         updated_at: float | None = time.time()  # wall clock: the orchestrator compares it with its own
     else:  # nothing to learn from (module docstring), on every rank alike
         step_stats, loss, t_backward = {}, 0.0, time.perf_counter()

@@ -10,6 +10,8 @@ in `<run_dir>/final/`, which an RL config starts from with `model.lora.init_adap
 the weights over them (fsdp.py), LoRA or full fine-tuning alike. Set-up, resume, the
 data-parallel forward/backward pass and the optimizer step are the skeleton's that RL shares
 (skeleton.py); this loop adds the data order, the NLL loss, evaluation and the result folder.
+A run whose update made weights NaN or infinite, or whose gradient stays 0 (too high a learning
+rate), stops there (skeleton.py's `TrainingStopped`): no checkpoint, eval or `final/` from them.
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ def train(cfg: SFTConfig) -> Path:
             totals = forward_backward_step(
                 model, batch, mean_nll(model, batch, cfg.logits_chunk_size), trainer.passes, dp
             )
-            grad_norm, lr = trainer.optimizer_step()
+            grad_norm, lr = trainer.optimizer_step(step, signal=totals["loss"] > 0)
             elapsed = time.perf_counter() - t0
             tokens = sum(len(s.input_ids) for s in batch)  # padding excluded
             tokens_per_s = tokens / elapsed
@@ -75,17 +77,20 @@ def train(cfg: SFTConfig) -> Path:
                         "padding_frac": 1 - tokens / totals["padded_tokens"], "epoch": order.epoch,
                         "skipped_steps": trainer.skipped_steps, "time/step": elapsed}  # fmt: skip
             if data.eval and (step % cfg.eval.interval == 0 or step == cfg.max_steps):
+                trainer.check_weights()
                 row["eval/loss"] = evaluate(model, data.eval, cfg.batch_size, trainer.passes, dp, cfg.logits_chunk_size)
                 eval_info = f" | eval {row['eval/loss']:.3f}"
             if row:
                 metrics.log(step, row)
             if cfg.ckpt.interval is not None and step % cfg.ckpt.interval == 0:
+                trainer.check_weights()
                 save_checkpoint(run, step, model, trainer.optimizer, trainer.scheduler, {"data": order.state_dict()},
                                 cfg.ckpt.keep_last)  # fmt: skip
             progress.update(task, advance=1, info=f"loss {totals['loss']:.3f}{eval_info} | {tokens_per_s:,.0f} tok/s")
 
     # Rank 0 alone writes the result: every rank holds the same weights (or with fsdp its shards of
-    # them, which every rank gathers for rank 0 to write).
+    # them, which every rank gathers for rank 0 to write), never from NaN or infinite ones.
+    trainer.check_weights()
     final = run.final
     weights = gathered_weights(model)  # None unless sharded
     if dp.is_main:

@@ -17,7 +17,7 @@ from lorarl.trainer.distributed import DataParallel
 from lorarl.trainer.model import apply_lora, trainable_parameters
 from lorarl.trainer.packing import ForwardPasses
 from lorarl.trainer.sft import mean_nll
-from lorarl.trainer.skeleton import Trainer, forward_backward_step, rank_passes
+from lorarl.trainer.skeleton import Trainer, TrainingStopped, forward_backward_step, rank_passes
 
 
 def varied_samples() -> list[TrainSample]:
@@ -80,29 +80,95 @@ def test_ranks_take_every_sample_of_a_step_once() -> None:
     assert sorted(seen) == list(range(7))
 
 
-def test_a_non_finite_gradient_changes_no_weight_and_too_many_in_a_row_stop_the_run(tmp_path: Path) -> None:
+def lora_trainer(tmp_path: Path, lr: float = 0.1) -> tuple[Trainer, list[torch.nn.Parameter]]:
+    """A Trainer on a tiny LoRA model, stepped by hand: gradients are set, not computed."""
     tok = build_tokenizer()
     model = apply_lora(build_model(len(tok), tok.eos_token_id, tok.pad_token_id, hidden_size=64, num_layers=2),
                        LoraConfig(rank=4))  # fmt: skip
     params = list(trainable_parameters(model))
-    optimizer = torch.optim.AdamW(params, lr=0.1)
+    optimizer = torch.optim.AdamW(params, lr=lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     trainer = Trainer(RunFolder(tmp_path), DataParallel(), model, optimizer, scheduler,
                       ForwardPasses(True, 64, 2, 0), 1.0, None, max_skipped_steps=2)  # fmt: skip
+    return trainer, params
 
-    def step_with(bad: float | None) -> float:
-        for p in params:
-            p.grad = torch.full_like(p, 0.01)
-        if bad is not None:
-            params[0].grad[0, 0] = bad  # type: ignore[index]
-        return trainer.optimizer_step()[0]
 
+def step_with(
+    trainer: Trainer,
+    params: list[torch.nn.Parameter],
+    step: int,
+    grad: float = 0.01,
+    bad: float | None = None,
+    signal: bool = True,
+) -> float:
+    for p in params:
+        p.grad = torch.full_like(p, grad)
+    if bad is not None:
+        params[0].grad[0, 0] = bad  # type: ignore[index]
+    return trainer.optimizer_step(step, signal)[0]
+
+
+def test_a_non_finite_gradient_changes_no_weight_and_too_many_in_a_row_stop_the_run(tmp_path: Path) -> None:
+    trainer, params = lora_trainer(tmp_path)
     before = [p.detach().clone() for p in params]
-    assert math.isnan(step_with(float("nan")))
+    assert math.isnan(step_with(trainer, params, 1, bad=float("nan")))
     assert all(torch.equal(a, b) for a, b in zip(before, params, strict=True)) and trainer.skipped_steps == 1
-    step_with(None)  # a finite step updates, and ends the run of skipped steps
+    step_with(trainer, params, 2)  # a finite step updates, and ends the run of skipped steps
     assert not torch.equal(before[0], params[0]) and trainer.skipped_in_a_row == 0
-    step_with(float("inf"))
-    with pytest.raises(FloatingPointError, match="2 steps in a row with a non-finite loss or gradient"):
-        step_with(float("nan"))
+    step_with(trainer, params, 3, bad=float("inf"))
+    stop = "step 4: the loss or gradient was NaN or infinite 2 steps in a row .* since step 2; lower optim.lr"
+    with pytest.raises(TrainingStopped, match=stop):
+        step_with(trainer, params, 4, bad=float("nan"))
     assert trainer.skipped_steps == 3 and all(torch.isfinite(p).all() for p in params)
+
+
+@pytest.mark.parametrize("found_by", ["check_weights", "next_step"])
+def test_an_update_that_makes_weights_non_finite_stops_the_run_before_they_are_read(
+    tmp_path: Path, found_by: str
+) -> None:
+    """Finite gradients at a learning rate near float32's range: Adam's second update, the first's
+    size again, takes the weights past it. The check is read with the next step's gradient norm, or
+    by check_weights before anything is written."""
+    trainer, params = lora_trainer(tmp_path, lr=3e37)
+    step_with(trainer, params, 1, grad=1.0)
+    step_with(trainer, params, 2, grad=1.0)  # reads step 1's check: finite
+    assert not all(torch.isfinite(p).all() for p in params)
+    stop = r"^step 2: the update made weights NaN or infinite \(lr 3e\+37\); lower optim.lr and start again"
+    with pytest.raises(TrainingStopped, match=stop):
+        trainer.check_weights() if found_by == "check_weights" else step_with(trainer, params, 3)
+
+
+def test_finite_updates_pass_the_check_and_it_is_read_once(tmp_path: Path) -> None:
+    trainer, params = lora_trainer(tmp_path)
+    step_with(trainer, params, 1)
+    assert trainer.unchecked is not None and trainer.unchecked[0] == 1
+    trainer.check_weights()
+    largest = max(p.abs().max().item() for p in params)
+    assert trainer.unchecked is None and trainer.largest_weight == pytest.approx(largest)
+    step_with(trainer, params, 2)
+    step_with(trainer, params, 3)  # reads step 2's check with its gradient norm
+    assert trainer.unchecked is not None and trainer.unchecked[0] == 3
+
+
+def test_a_gradient_stuck_at_zero_with_a_loss_to_learn_is_said_once_then_stops_the_run(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    trainer, params = lora_trainer(tmp_path)
+    # Before any step had a gradient (a fresh run whose first batch teaches nothing), or without
+    # anything to learn (RL: advantages all 0), a zero gradient is no sign of saturated weights.
+    step_with(trainer, params, 1, grad=0.0)
+    step_with(trainer, params, 2, grad=0.0)
+    step_with(trainer, params, 3)
+    step_with(trainer, params, 4, grad=0.0, signal=False)
+    step_with(trainer, params, 5, grad=0.0, signal=False)
+    assert trainer.zero_in_a_row == 0 and "gradient norm exactly 0" not in caplog.text
+    step_with(trainer, params, 6, grad=0.0)  # one alone may be sound: said, and the run goes on
+    step_with(trainer, params, 7)
+    step_with(trainer, params, 8, grad=0.0)
+    assert caplog.text.count("gradient norm exactly 0") == 1 and "step 6" in caplog.text
+    stop = (
+        r"step 9: the gradient norm was exactly 0 for 2 steps in a row although they had a loss to learn from "
+        r"\(optim.max_skipped_steps\): the weights are saturated \(largest \|weight\| 0\.\d+\).*lower optim.lr"
+    )
+    with pytest.raises(TrainingStopped, match=stop):
+        step_with(trainer, params, 9, grad=0.0)
