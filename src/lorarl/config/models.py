@@ -975,9 +975,9 @@ class RLConfig(SharedConfig):
 
 class SFTDataConfig(Section):
     path: Path
-    """The training data: a .jsonl or .parquet file, or a folder that `datasets` loads. Records
-    are chats, {"messages": [{"role", "content"}, ...]}, or {"prompt", "completion"} whose parts are strings
-    (a user and an assistant message) or message lists."""
+    """The training data: a .jsonl or .parquet file, or a folder (save_to_disk's, or of .jsonl and .parquet
+    files). Records are chats, {"messages": [{"role", "content"}, ...]}, or {"prompt", "completion"} whose
+    parts are strings (a user and an assistant message) or message lists."""
     split: str = "train"
     """The split to use from a `datasets` folder that has several (for path and eval_path)."""
     shuffle: bool = True

@@ -114,13 +114,12 @@ def check_sft(cfg: SFTConfig) -> None:
             cfg.model.lora.check_init_adapter()
     except ValueError as e:
         raise PreflightError(str(e)) from None
-    from lorarl.trainer.sft_data import read_conversations  # loads torch: only once the config is valid
+    from lorarl.trainer.sft_data import read_sft_data  # loads torch: only once the config is valid
 
-    # Every record parses (format, UTF-8, roles): cheap next to training, and a data mistake then
-    # stops the run before its folder is touched (DataError). Tokenizing waits for the trainer.
-    for path in (cfg.data.path, cfg.data.eval_path):
-        if path is not None:
-            read_conversations(path, cfg.data.split)
+    # Every record parses (format, UTF-8, roles, no blank turns, loss tokens, eval apart): cheap next to
+    # training, and a data mistake then stops the run before its folder is touched (DataError).
+    # Tokenizing waits for the trainer.
+    read_sft_data(cfg.data)
     check_memory(lambda: sft_memory_plan(cfg))
 
 

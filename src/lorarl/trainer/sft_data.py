@@ -1,13 +1,20 @@
 """SFT data: local files in, tokenized samples with loss masks out, and the order they are drawn in.
 
-Formats (by `data.path`): a `.jsonl` file, a `.parquet` file, or a folder that `datasets` loads
-(one written by `Dataset.save_to_disk`, or a folder of data files). A record is a chat,
+Formats (by `data.path`): a `.jsonl` file, a `.parquet` file, or a folder: one written by
+`Dataset.save_to_disk`, or a folder of `.jsonl` and `.parquet` files, whose split `data.split` picks
+by the file names as `datasets.load_dataset` would (read here file by file, so that a mistake is
+named by file and line, and nothing is cached). A record is a chat,
 `{"messages": [{"role", "content"}, ...]}`, or a pair `{"prompt", "completion"}` whose parts are
 strings (a user and an assistant message) or message lists. A record may carry `"tools"`, the
 OpenAI-style schemas of the tools its conversation calls (the Hugging Face convention, what
 scripts/make_sft_data.py writes for tool environments): the chat template shows them to the model as
 `rl` does (EpisodeRunner.encode), so a warm-up trains on the very prompt RL samples from. A
 malformed record stops the run with its place: `file.jsonl:LINE` or `file.parquet row INDEX` (0-based).
+So does a record that cannot teach what it seems to: an empty or blank prompt, completion, user or
+assistant message (an assistant turn that calls tools may have no text), data in which no record
+carries loss tokens under `data.loss_on`, and eval data that is (or lies in) the training data.
+`read_sft_data` makes every check that needs no tokenizer: `sft` runs it before the run folder is
+touched (preflight), and the trainer again, as it loads the data.
 """
 
 from __future__ import annotations
@@ -55,11 +62,8 @@ class SFTData:
 def load_sft_data(cfg: SFTDataConfig, tokenizer: PreTrainedTokenizerBase, seq_len: int, seed: int) -> SFTData:
     """Train and held-out eval samples. `eval_fraction` holds out a random part of `path` drawn with
     `seed`, so every run with the same seed evaluates on the same records."""
-    train = read_conversations(cfg.path, cfg.split)
-    held_out: list[Conversation] = []
-    if cfg.eval_path is not None:
-        held_out = read_conversations(cfg.eval_path, cfg.split)
-    elif cfg.eval_fraction > 0:
+    train, held_out = read_sft_data(cfg)
+    if cfg.eval_path is None and cfg.eval_fraction > 0:
         picked = set(random.Random(seed).sample(range(len(train)), max(1, round(cfg.eval_fraction * len(train)))))
         held_out = [c for i, c in enumerate(train) if i in picked]
         train = [c for i, c in enumerate(train) if i not in picked]
@@ -71,13 +75,27 @@ def load_sft_data(cfg: SFTDataConfig, tokenizer: PreTrainedTokenizerBase, seq_le
     return data
 
 
+def read_sft_data(cfg: SFTDataConfig) -> tuple[list[Conversation], list[Conversation]]:
+    """The records of `path` and of `eval_path` (none without it), with every check that needs no
+    tokenizer made (module docstring); a DataError names the file, line or key at fault."""
+    if cfg.eval_path is not None:
+        _check_apart(cfg.path, cfg.eval_path)
+    train = read_conversations(cfg.path, cfg.split)
+    _check_loss_tokens(train, cfg.loss_on, cfg.path)
+    if cfg.eval_path is None:
+        return train, []
+    held_out = read_conversations(cfg.eval_path, cfg.split)
+    _check_loss_tokens(held_out, cfg.loss_on, cfg.eval_path)
+    return train, held_out
+
+
 def read_conversations(path: Path, split: str = "train") -> list[Conversation]:
     """Every record of `path` as chat messages; a malformed record is a ValueError naming its place."""
     conversations = []
     for where, record in _records(Path(path), split):
         try:
             conversations.append(Conversation(where, to_messages(record), to_tools(record)))
-        except (KeyError, TypeError, ValueError) as e:
+        except (TypeError, ValueError) as e:
             raise DataError(f"{where}: malformed record: {e}") from None
     if not conversations:
         raise DataError(f"{path}: no records")
@@ -87,15 +105,24 @@ def read_conversations(path: Path, split: str = "train") -> list[Conversation]:
 def to_messages(record: Any) -> list[Message]:
     """A record's chat: its `messages`, or its `prompt` followed by its `completion`."""
     if not isinstance(record, dict):
-        raise TypeError(f"expected an object, got {type(record).__name__}")
-    if "messages" in record:
+        raise TypeError(f"expected an object, got {_json_type(record)}")
+    # Parquet and `datasets` give every record every column, None where a record has none.
+    keys = {k for k, v in record.items() if v is not None}
+    if "messages" in keys and keys & {"prompt", "completion"}:
+        raise ValueError("has 'messages' and 'prompt'/'completion': give one form or the other")
+    if "messages" in keys:
         messages = _message_list(record["messages"], "messages")
-    elif "prompt" in record and "completion" in record:
-        messages = _as_messages(record["prompt"], "user", "prompt") + _as_messages(
-            record["completion"], "assistant", "completion"
-        )
+    elif {"prompt", "completion"} <= keys:
+        prompt = _as_messages(record["prompt"], "user", "prompt")
+        completion = _as_messages(record["completion"], "assistant", "completion")
+        if not any(m["role"] == "assistant" for m in completion):
+            raise ValueError("'completion' has no assistant message: nothing to learn from")
+        messages = prompt + completion
+    elif keys & {"prompt", "completion"}:
+        (missing,) = {"prompt", "completion"} - keys
+        raise ValueError(f"'{missing}' is missing or null")
     else:
-        raise KeyError("expected 'messages', or 'prompt' and 'completion'")
+        raise ValueError(f"expected 'messages', or 'prompt' and 'completion' (it has {sorted(keys)[:10]})")
     if not messages:
         raise ValueError("no messages")
     return messages
@@ -189,35 +216,95 @@ def _records(path: Path, split: str) -> Iterator[tuple[str, Any]]:
     if not path.exists():
         raise DataError(f"{path}: no such file or folder")
     if path.is_dir():
-        yield from _dataset_folder_records(path, split)
-    elif path.suffix == ".jsonl":
-        with open(path, "rb") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line.decode("utf-8"))
-                except UnicodeDecodeError as e:
-                    raise DataError(f"{path}:{lineno}: not UTF-8 ({e.reason})") from None
-                except json.JSONDecodeError as e:
-                    raise DataError(f"{path}:{lineno}: malformed record: {e}") from None
-                yield f"{path}:{lineno}", record
-    elif path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        for i, record in enumerate(pq.read_table(path).to_pylist()):
-            yield f"{path} row {i}", record
+        yield from _folder_records(path, split)
+    elif path.suffix in _READERS:
+        yield from _READERS[path.suffix](path)
     else:
         raise DataError(f"{path}: expected a .jsonl or .parquet file, or a `datasets` folder")
 
 
-def _dataset_folder_records(path: Path, split: str) -> Iterator[tuple[str, Any]]:
-    import datasets
+def _jsonl_records(path: Path) -> Iterator[tuple[str, Any]]:
+    try:
+        with open(path, "rb") as f:
+            for lineno, line in enumerate(f, 1):
+                if line.strip():
+                    yield f"{path}:{lineno}", _json_line(line, f"{path}:{lineno}", first=lineno == 1)
+    except OSError as e:
+        raise DataError(f"{path}: cannot read: {e.strerror or e}") from None
 
+
+def _json_line(line: bytes, where: str, first: bool) -> Any:
+    try:
+        # utf-8-sig: a byte order mark (Windows editors write one) starts the first line, not the record.
+        return json.loads(line.decode("utf-8-sig" if first else "utf-8"))
+    except UnicodeDecodeError as e:
+        raise DataError(f"{where}: not UTF-8 ({e.reason} at byte {e.start})") from None
+    except ValueError as e:  # JSONDecodeError, or an integer of more digits than Python converts
+        raise DataError(f"{where}: malformed record: {e}") from None
+    except RecursionError:
+        raise DataError(f"{where}: malformed record: nested too deeply") from None
+
+
+def _parquet_records(path: Path) -> Iterator[tuple[str, Any]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowException) as e:
+        raise DataError(f"{path}: not a Parquet file pyarrow can read ({e})") from None
+    columns = set(table.column_names)
+    if "messages" not in columns and not {"prompt", "completion"} <= columns:
+        raise DataError(
+            f"{path}: expected a 'messages' column, or 'prompt' and 'completion' (it has {sorted(columns)[:10]})"
+        )
+    for i, record in enumerate(table.to_pylist()):
+        yield f"{path} row {i}", record
+
+
+_READERS = {".jsonl": _jsonl_records, ".parquet": _parquet_records}
+# Data files that `datasets` would read but sft does not: refused by name rather than left out unsaid.
+_OTHER_DATA_FILES = {".json", ".ndjson", ".csv", ".tsv", ".txt", ".arrow"}
+
+
+def _folder_records(path: Path, split: str) -> Iterator[tuple[str, Any]]:
     # save_to_disk writes state.json (one Dataset) or dataset_dict.json (splits); anything else is a
-    # folder of data files for load_dataset.
-    saved = (path / "state.json").exists() or (path / "dataset_dict.json").exists()
-    loaded = datasets.load_from_disk(str(path)) if saved else datasets.load_dataset(str(path))
+    # folder of data files.
+    if (path / "state.json").exists() or (path / "dataset_dict.json").exists():
+        yield from _saved_dataset_records(path, split)
+        return
+    for file in _split_files(path, split):
+        yield from _READERS[file.suffix](file)
+
+
+def _split_files(path: Path, split: str) -> list[Path]:
+    """The .jsonl and .parquet files of `split` in the folder `path`, by the names `datasets` gives splits
+    (train.jsonl, data/test-00000.parquet, ...; files of no split's name are all "train")."""
+    from datasets.data_files import DataFilesDict, EmptyDatasetError, get_data_patterns
+
+    try:
+        patterns = get_data_patterns(str(path))
+    except EmptyDatasetError:
+        raise DataError(f"{path}: a folder without data files (expected .jsonl or .parquet files)") from None
+    splits = {str(k): [Path(f) for f in v] for k, v in DataFilesDict.from_patterns(patterns, str(path)).items()}
+    if split not in splits:
+        raise DataError(f"{path}: no split {split!r} (it has {sorted(splits)}); set data.split")
+    files = splits[split]
+    if other := [f for f in files if f.suffix in _OTHER_DATA_FILES]:
+        raise DataError(f"{other[0]}: sft reads .jsonl and .parquet files only; convert it or move it out of {path}")
+    if not (data := [f for f in files if f.suffix in _READERS]):
+        raise DataError(f"{path}: no .jsonl or .parquet files for split {split!r}")
+    return data
+
+
+def _saved_dataset_records(path: Path, split: str) -> Iterator[tuple[str, Any]]:
+    import datasets
+    import pyarrow as pa
+
+    try:
+        loaded = datasets.load_from_disk(str(path))
+    except (OSError, ValueError, KeyError, pa.ArrowException) as e:
+        raise DataError(f"{path}: not a readable `datasets` folder ({type(e).__name__}: {e})") from None
     if isinstance(loaded, datasets.DatasetDict):
         if split not in loaded:
             raise DataError(f"{path}: no split {split!r} (it has {sorted(loaded)}); set data.split")
@@ -226,9 +313,35 @@ def _dataset_folder_records(path: Path, split: str) -> Iterator[tuple[str, Any]]
         yield f"{path} [{split}] row {i}", record
 
 
+def _check_apart(path: Path, eval_path: Path) -> None:
+    """Eval data that is the training data (or part of it) measures memorizing, not learning."""
+    train, held = Path(path).resolve(), Path(eval_path).resolve()
+    if train == held or (train.is_file() and held.is_file() and train.samefile(held)):
+        raise DataError(
+            f"data.eval_path: {eval_path} is the training data (data.path = {path}); "
+            "give held-out records, or set data.eval_fraction"
+        )
+    if train in held.parents or held in train.parents:
+        raise DataError(
+            f"data.eval_path: {eval_path} and data.path = {path} lie one in the other; "
+            "give held-out records apart, or set data.eval_fraction"
+        )
+
+
+def _check_loss_tokens(conversations: list[Conversation], loss_on: LossOn, path: Path) -> None:
+    """With loss on assistant turns, data without one trains nothing (every record would be left out)."""
+    if loss_on != "all" and not any(m["role"] == "assistant" for c in conversations for m in c.messages):
+        raise DataError(
+            f"{path}: no record has an assistant message, and data.loss_on = {loss_on!r} trains on "
+            'those alone; add the answers, or set data.loss_on = "all"'
+        )
+
+
 def _as_messages(value: Any, role: str, key: str) -> list[Message]:
     if isinstance(value, str):
-        return [{"role": role, "content": value}]
+        return [{"role": role, "content": _text(value, f"'{key}'")}]
+    if not isinstance(value, list):
+        raise TypeError(f"'{key}' must be a string or a list of {{role, content}}, got {_json_type(value)}")
     return _message_list(value, key)
 
 
@@ -239,8 +352,23 @@ def _message_list(value: Any, key: str) -> list[Message]:
         raise ValueError(f"'{key}' must be a list of {{role, content}} with string values")
     if unknown := sorted({m["role"] for m in value} - CHAT_ROLES):
         raise ValueError(f"'{key}' has messages of unknown role {unknown} (known: {sorted(CHAT_ROLES)})")
+    for i, m in enumerate(value):
+        # A user turn asks and an assistant turn answers; one that calls tools may have no text.
+        if m["role"] in ("user", "assistant") and not m.get("tool_calls"):
+            _text(m["content"], f"message {i} of '{key}' ({m['role']})")
     # Parquet and `datasets` give every message every key of the column's struct type, None where unset.
     return [{k: v for k, v in m.items() if v is not None} for m in value]
+
+
+def _text(value: str, what: str) -> str:
+    if not value.strip():
+        raise ValueError(f"{what} is {'blank' if value else 'empty'}: nothing to learn from")
+    return value
+
+
+def _json_type(value: Any) -> str:
+    names = {list: "a list", str: "a string", bool: "a boolean", int: "a number", float: "a number"}
+    return "null" if value is None else names.get(type(value), type(value).__name__)
 
 
 def _without_nulls(value: Any) -> Any:

@@ -12,7 +12,15 @@ from lorarl.config.models import SFTDataConfig
 from lorarl.orchestrator.envs.calculator import Calculator
 from lorarl.orchestrator.envs.search import Search
 from lorarl.tiny_model import build_tokenizer
-from lorarl.trainer.sft_data import Conversation, DataError, DataOrder, load_sft_data, read_conversations, tokenize
+from lorarl.trainer.sft_data import (
+    Conversation,
+    DataError,
+    DataOrder,
+    load_sft_data,
+    read_conversations,
+    read_sft_data,
+    tokenize,
+)
 from tests.unit.orchestrator.envs.env_play import play_by_hand
 
 CHAT = [
@@ -92,10 +100,54 @@ def test_datasets_folders(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"no split 'dev' \(it has \['test', 'train'\]\)"):
         read_conversations(tmp_path / "splits", "dev")
 
-    # A folder of data files, read by datasets.load_dataset.
+    # A folder of data files, read file by file; the split by the file names, as datasets.load_dataset does.
     (tmp_path / "files").mkdir()
     write_jsonl(tmp_path / "files" / "part-0.jsonl", [RECORDS[0], RECORDS[0]])
+    (tmp_path / "files" / "README.md").write_text("left alone")
     assert [c.messages for c in read_conversations(tmp_path / "files")] == [EXPECTED[0]] * 2
+    (tmp_path / "named").mkdir()
+    write_jsonl(tmp_path / "named" / "train.jsonl", [RECORDS[0]])
+    pq.write_table(pa.Table.from_pylist([RECORDS[1]]), tmp_path / "named" / "test-00000.parquet")
+    test = read_conversations(tmp_path / "named", "test")
+    assert [c.messages for c in test] == [EXPECTED[1]] and test[0].where == f"{tmp_path}/named/test-00000.parquet row 0"
+    assert [c.where for c in read_conversations(tmp_path / "named")] == [f"{tmp_path}/named/train.jsonl:1"]
+
+
+def test_what_looks_odd_but_is_sound_is_read(tmp_path: Path) -> None:
+    """A byte order mark before the first record; Parquet rows of both forms (each with the other's
+    columns null); an assistant turn that only calls a tool; records without an answer among others."""
+    bom = tmp_path / "bom.jsonl"
+    bom.write_bytes(b"\xef\xbb\xbf" + (json.dumps(RECORDS[1]) + "\n").encode())
+    assert [c.messages for c in read_conversations(bom)] == [EXPECTED[1]]
+    rows = [RECORDS[0] | {"prompt": None, "completion": None}, RECORDS[1] | {"messages": None}]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "mixed.parquet")
+    assert [c.messages for c in read_conversations(tmp_path / "mixed.parquet")] == EXPECTED[:2]
+    call = {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "f"}}]}
+    chat = [
+        {"role": "user", "content": "a"},
+        call,
+        {"role": "tool", "content": ""},
+        {"role": "assistant", "content": "b"},
+    ]
+    assert read_conversations(write_jsonl(tmp_path / "calls.jsonl", [{"messages": chat}]))[0].messages == chat
+    no_answer = {"messages": [{"role": "user", "content": "a"}]}
+    cfg = SFTDataConfig(path=write_jsonl(tmp_path / "some.jsonl", [no_answer, RECORDS[0]]))
+    assert len(read_sft_data(cfg)[0]) == 2  # the one without loss tokens is left out later, counted
+    only_users = SFTDataConfig(path=write_jsonl(tmp_path / "users.jsonl", [no_answer]), loss_on="all")
+    assert len(read_sft_data(only_users)[0]) == 1  # "all": its tokens carry loss
+
+
+def test_eval_data_must_lie_apart_from_the_training_data(tmp_path: Path) -> None:
+    train = write_jsonl(tmp_path / "train.jsonl", RECORDS)
+    (tmp_path / "held").mkdir()
+    held = write_jsonl(tmp_path / "held" / "eval.jsonl", RECORDS[:1])
+    assert [len(c) for c in read_sft_data(SFTDataConfig(path=train, eval_path=held))] == [3, 1]
+    (tmp_path / "link.jsonl").symlink_to(train)
+    for same in (train, tmp_path / "link.jsonl", tmp_path / "held" / ".." / "train.jsonl"):
+        with pytest.raises(DataError, match=f"^data.eval_path: {same} is the training data"):
+            read_sft_data(SFTDataConfig(path=train, eval_path=same))
+    with pytest.raises(DataError, match="lie one in the other"):
+        read_sft_data(SFTDataConfig(path=tmp_path / "held", eval_path=held))
 
 
 @pytest.mark.parametrize(
@@ -103,9 +155,12 @@ def test_datasets_folders(tmp_path: Path) -> None:
     [
         ({"messages": "not a list"}, "'messages' must be a list of {role, content}"),
         ({"messages": [{"role": "user"}]}, "'messages' must be a list"),
-        ({"prompt": "only a prompt"}, "expected 'messages', or 'prompt' and 'completion'"),
-        ({"prompt": "p", "completion": 3}, "'completion' must be a list"),
-        ([1, 2], "expected an object, got list"),
+        ({"prompt": "only a prompt"}, "'completion' is missing or null"),
+        ({"text": "neither form"}, "expected 'messages', or 'prompt' and 'completion' (it has ['text'])"),
+        ({"prompt": "p", "completion": 3}, "'completion' must be a string or a list"),
+        ([1, 2], "expected an object, got a list"),
+        ({"prompt": "", "completion": "c"}, "'prompt' is empty"),
+        ({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": " "}]}, "is blank"),
         (RECORDS[0] | {"tools": "calculate"}, "'tools' must be a list of tool schemas"),
         (RECORDS[0] | {"tools": [{"type": "function"}, "calculate"]}, "'tools' must be a list of tool schemas"),
     ],
@@ -124,7 +179,7 @@ def test_malformed_parquet_record_names_file_and_row(tmp_path: Path) -> None:
     pq.write_table(
         pa.Table.from_pylist([{"prompt": "a", "completion": "b"}, {"prompt": "c", "completion": None}]), path
     )
-    with pytest.raises(ValueError, match=f"^{path} row 1: malformed record: 'completion' must be a list"):
+    with pytest.raises(ValueError, match=f"^{path} row 1: malformed record: 'completion' is missing or null"):
         read_conversations(path)
 
 
