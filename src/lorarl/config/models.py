@@ -726,7 +726,8 @@ class SharedConfig(Section):
     """Folder of run folders: a run writes everything to `<output_dir>/<run_name>/`."""
     run_name: str = Field("default", pattern=r"^[A-Za-z0-9._-]+$")
     """Name of the run folder under output_dir, and in `rl` of its adapters in vLLM (`<run_name>-step<N>`),
-    so runs sharing servers never touch each other's adapters. Letters, digits, ".", "_" and "-"."""
+    so runs sharing servers never touch each other's adapters. Letters, digits, ".", "_" and "-", at most
+    200 of them."""
     seed: int = 0
     """Seeds torch in the trainer (a fresh adapter's initial weights) and vLLM's sampling (`--seed`); in
     `sft` also the data order and the eval_fraction hold-out. Examples in `rl` follow orchestrator.seed."""
