@@ -52,10 +52,11 @@ def test_two_runs_of_one_name_never_sample_with_each_others_adapters(
         )
     try:
         watch_until_both_end(vllm_server, procs)
-    finally:
+    finally:  # on a failure: rl stops its children on SIGTERM
         for p in procs.values():
             if p.poll() is None:
-                p.kill()
+                p.terminate()
+                p.wait(60)
     errors = {run: p.stderr.read() if p.stderr else "" for run, p in procs.items()}
     finished = [run for run, p in procs.items() if p.returncode == 0]
     assert finished, errors
