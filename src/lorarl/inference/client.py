@@ -65,7 +65,7 @@ class Completion:
 
 
 class InferenceClient:
-    """One vLLM server. `in_flight` counts requests not yet answered (for routing)."""
+    """One vLLM server. `in_flight` counts requests not yet answered (for its busy time)."""
 
     def __init__(
         self,

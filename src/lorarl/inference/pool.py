@@ -64,6 +64,7 @@ class WorkerPool:
         self._watchers: dict[InferenceClient, asyncio.Task[None]] = {}
         # Set while a worker is out of routing for a stall: the requests it holds are abandoned.
         self._stalled = {w: asyncio.Event() for w in self.workers}
+        self._routed = dict.fromkeys(self.workers, 0)  # requests routed to each worker and not yet answered
         self._watchdog: asyncio.Task[None] | None = None  # started with the first request (it needs the loop)
         self.probe_every = 10 * poll  # seconds between the watchdog's rounds of /health
         self.outages = 0  # workers taken out of routing so far
@@ -87,10 +88,15 @@ class WorkerPool:
         deadline = time.monotonic() + self.unavailable_timeout
         while True:
             worker = await self._pick(deadline)
+            # Counted here, not by the client: the request starts only when the loop runs it, after the
+            # picks of the requests gathered with it, which would otherwise all see the same counts.
+            self._routed[worker] += 1
             try:
                 return await self._unless_stalled(worker, call(worker))
             except WorkerUnavailable as e:
                 self._take_out(worker, e)
+            finally:
+                self._routed[worker] -= 1
 
     async def _unless_stalled(self, worker: InferenceClient, request: Awaitable[T]) -> T:
         """The answer to `request` on `worker`; WorkerUnavailable if the worker is found stalled first
@@ -160,7 +166,7 @@ class WorkerPool:
                     f"({', '.join(w.base_url for w in self.workers)}; inference.unavailable_timeout)"
                 )
             await asyncio.sleep(self.poll)
-        return min(self.routable, key=lambda w: w.in_flight)
+        return min(self.routable, key=lambda w: self._routed[w])
 
     def _take_out(self, worker: InferenceClient, error: Exception) -> None:
         if worker not in self.routable:

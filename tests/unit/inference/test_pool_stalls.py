@@ -26,6 +26,20 @@ async def until(condition: object, timeout: float = 10.0) -> None:
         await asyncio.sleep(0.02)
 
 
+def test_requests_sent_together_are_spread_over_the_workers() -> None:
+    async def run(first: FakeVLLM, second: FakeVLLM) -> None:
+        pool = WorkerPool([first.url, second.url], timeout=5.0, poll=0.05)
+        try:
+            await pool.load_adapter("exp-step0", "/runs/exp/broadcasts/step_0")
+            await sample(pool, 8)
+        finally:
+            await pool.close()
+
+    with FakeVLLM() as first, FakeVLLM() as second:
+        asyncio.run(run(first, second))
+        assert first.completions == second.completions == 4
+
+
 def test_a_frozen_worker_is_routed_around_logged_and_put_back(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, "lorarl.inference")
 
