@@ -28,7 +28,7 @@ from lorarl.launcher.plan import ProcessSpec, plan_run
 from lorarl.launcher.ray_cluster import ClusterError, RayCluster  # imports Ray only once a run uses it
 from lorarl.launcher.supervisor import Supervisor
 from lorarl.monitor.console import StepPrinter
-from lorarl.run_folder import RunFolder
+from lorarl.run_folder import RunFolder, RunFolderError
 
 log = logging.getLogger("lorarl.rl")
 
@@ -113,15 +113,24 @@ def supervise(
             elif (
                 name in {s.name for s in roles}
                 and restarts["roles"] < cfg.auto_resume
-                and (steps := run.sweep_checkpoint_steps(variants))
+                and (step := resumable_step(run, variants)) is not None
             ):
                 restarts["roles"] += 1
                 log.warning("%s exited with code %d; resuming from checkpoint step %d, %d of %d (auto_resume)",
-                            name, code, steps[-1], restarts["roles"], cfg.auto_resume)  # fmt: skip
+                            name, code, step, restarts["roles"], cfg.auto_resume)  # fmt: skip
                 roles = resume_roles(cfg, run, roles, supervisor, placement)
             else:
                 return report_failure(supervisor, name, code)
         time.sleep(0.5)
+
+
+def resumable_step(run: RunFolder, variants: list[str]) -> int | None:
+    """The checkpoint the restarted roles will resume from (the newest whole one, checksums verified,
+    as they pick it), or None when there is none."""
+    try:
+        return run.resume_step(None, variants)
+    except RunFolderError:
+        return None
 
 
 def resume_roles(
