@@ -65,6 +65,7 @@ def test_two_runs_of_one_name_never_sample_with_each_others_adapters(
     for run in procs.keys() - finished:  # refused: its orchestrator found the name served for the other
         log = (run / "logs" / "orchestrator.log").read_text()
         assert REFUSED in log and REFUSED in errors[run], errors[run]
+        assert procs[run].returncode == 2 and "Traceback" not in errors[run], errors[run]  # one line, as bad input
 
 
 def watch_until_both_end(url: str, procs: dict[Path, subprocess.Popen[str]]) -> None:

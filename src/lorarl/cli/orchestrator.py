@@ -6,6 +6,7 @@ Run alone, it writes only into a run folder that lorarl prepared (see `trainer`)
 from __future__ import annotations
 
 import asyncio
+import sys
 
 from lorarl.cli.common import load_or_exit, setup_logging
 from lorarl.cli.trainer import prepared_or_exit
@@ -16,9 +17,14 @@ def main(argv: list[str] | None = None) -> None:
     cfg = load_or_exit(RLConfig, argv)
     prepared_or_exit(cfg, "orchestrator")
     setup_logging("orchestrator")
+    from lorarl.orchestrator.adapters import AdapterNameInUse
     from lorarl.orchestrator.orchestrator import orchestrate
 
-    asyncio.run(orchestrate(cfg))
+    try:
+        asyncio.run(orchestrate(cfg))
+    except* AdapterNameInUse as refused:  # from a task of the loop; `rl` shows this line, exit code 2
+        print(f"error: {refused.exceptions[0]}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

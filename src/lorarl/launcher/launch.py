@@ -152,6 +152,13 @@ def start(supervisor: Supervisor | RayCluster, spec: ProcessSpec) -> None:
 
 
 def report_failure(supervisor: Supervisor | RayCluster, name: str, code: int) -> int:
+    """Log why the run stops; its exit code. A trainer or orchestrator that refused what it found (exit
+    code 2, its reason the last line of its log: a run_name another run's adapters hold, a server that
+    is not vLLM) is that one line, and `rl` exits 2 as for any bad input."""
+    tail = supervisor.tail(name)
+    if code == 2 and not name.startswith("inference-") and tail.strip():
+        log.error("%s: %s", name, tail.strip().splitlines()[-1].removeprefix("error: "))
+        return 2
     log.error("%s exited with code %d; stopping the run. Last lines of %s:\n%s", name, code,
-              supervisor.log_path(name), supervisor.tail(name))  # fmt: skip
+              supervisor.log_path(name), tail)  # fmt: skip
     return 1

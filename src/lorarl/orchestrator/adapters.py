@@ -24,6 +24,10 @@ from lorarl.written import remove_folder
 log = logging.getLogger("lorarl.orchestrator")
 
 
+class AdapterNameInUse(Exception):
+    """A worker serves this run's adapter name for another run that is still going; str() is one line."""
+
+
 class AdapterWatcher:
     """Each policy version N is loaded under its own name, `<run_name>-step<N>`, so requests in
     flight keep the version that started them, vLLM's same-name reload problems never apply, and
@@ -66,7 +70,7 @@ class AdapterWatcher:
         another folder that is still going (or to no run folder lorarl can tell)."""
         owner = self._owner(root)
         if owner is None or (owner.root.resolve() != self.run.root.resolve() and owner.is_alive()):
-            raise RuntimeError(
+            raise AdapterNameInUse(
                 f"{url} serves {name} for the run in {owner.root if owner else root}, which is still going: "
                 "give this run another run_name"
             )

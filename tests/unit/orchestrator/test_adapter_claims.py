@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from lorarl.inference.pool import WorkerPool
-from lorarl.orchestrator.adapters import AdapterWatcher
+from lorarl.orchestrator.adapters import AdapterNameInUse, AdapterWatcher
 from lorarl.run_folder import RunFolder, write_folder_atomically
 from tests.unit.inference.fake_vllm import FakeVLLM
 
@@ -36,7 +36,7 @@ def test_a_name_claimed_by_a_live_run_of_the_same_name_is_refused(tmp_path: Path
     with FakeVLLM() as server:
         # It loaded step 0 after this run looked for leftovers (remove_leftovers): both started together.
         server.adapters["exp-step0"] = str(live.broadcast(0).resolve())
-        with pytest.raises(RuntimeError, match=f"serves exp-step0 for the run in {live.root.resolve()}, which is "
+        with pytest.raises(AdapterNameInUse, match=f"serves exp-step0 for the run in {live.root.resolve()}, which is "
                                                "still going: give this run another run_name"):  # fmt: skip
             asyncio.run(refresh(server.url, ours))
         assert server.adapters == {"exp-step0": str(live.broadcast(0).resolve())}  # its policy untouched

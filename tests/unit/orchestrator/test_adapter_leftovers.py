@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from lorarl.orchestrator.adapters import AdapterWatcher
+from lorarl.orchestrator.adapters import AdapterNameInUse, AdapterWatcher
 from lorarl.run_folder import RunFolder
 
 
@@ -53,6 +53,6 @@ def test_the_adapters_of_a_live_run_of_the_same_name_are_refused(tmp_path: Path)
     ours, live = run_folder(tmp_path / "a" / "exp"), run_folder(tmp_path / "b" / "exp")
     live.hold_lock()  # its rl is running
     worker = Worker({"exp-step3": live.broadcast(3)})
-    with pytest.raises(RuntimeError, match=f"serves exp-step3 for the run in {live.root}, which is still going"):
+    with pytest.raises(AdapterNameInUse, match=f"serves exp-step3 for the run in {live.root}, which is still going"):
         asyncio.run(AdapterWatcher(Pool(worker), ours, "exp").remove_leftovers())  # type: ignore[arg-type]
     assert list(worker.adapters) == ["exp-step3"]
