@@ -11,11 +11,21 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 # vLLM's --max-lora-rank accepts only these values (docs/vllm.md).
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -34,6 +44,11 @@ LOGITS_CHUNK_DOC = (
     "to float rounding, for one more pass of the output head. 0: the whole forward pass at once, nothing "
     "recomputed (the fastest for small vocabularies and short rows)."
 )
+# A path the user may write with "~": expanded once, when the config is validated, so that every
+# process (vLLM, trainer, orchestrator, each reading the config rl wrote) gets the same folder.
+UserPath = Annotated[Path, AfterValidator(lambda path: path.expanduser())]
+# A seed every consumer takes: vLLM seeds numpy with --seed, which accepts 0 .. 2**32 - 1 only.
+Seed = Annotated[int, Field(ge=0, lt=2**32)]
 
 
 class Section(BaseModel):
@@ -73,7 +88,7 @@ class LoraConfig(Section):
     modules_to_save: list[str] = []
     """Modules trained in full and saved with the adapter, matched as path suffixes (e.g. ["lm_head"]);
     []: none. `sft` only: `rl` refuses them, also in an init_adapter, because vLLM serves LoRA weights only."""
-    init_adapter: Path | None = None
+    init_adapter: UserPath | None = None
     """A PEFT adapter folder to start from (e.g. an `sft` result); its rank, alpha and use_rslora must
     match this section. None: a fresh adapter, whose B = 0 makes it exactly the base model."""
 
@@ -131,11 +146,17 @@ class LoraConfig(Section):
         path = Path(str(self.init_adapter)) / "adapter_config.json"
         if not path.is_file():
             raise ValueError(f"model.lora.init_adapter: {path} not found (expected a PEFT adapter folder)")
-        return dict(json.loads(path.read_text()))
+        try:
+            saved = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"model.lora.init_adapter: {path} is not a readable JSON file ({e})") from None
+        if not isinstance(saved, dict):
+            raise ValueError(f"model.lora.init_adapter: {path} holds a {type(saved).__name__}, not a JSON object")
+        return saved
 
 
 class ModelConfig(Section):
-    name: str
+    name: Annotated[str, AfterValidator(os.path.expanduser)]
     """The base model: a Hugging Face model folder (or a hub id where a hub is reachable), which the
     trainer and vLLM load."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
@@ -456,9 +477,9 @@ class EvalConfig(Section):
     """Held-out examples per environment, the same at every eval."""
     rollouts_per_example: int = Field(4, ge=1)
     """k of avg@k (the mean reward) and pass@k (the mean over examples of the best of k rewards)."""
-    seed: int = 10_000
-    """Draws the held-out examples; keep it apart from orchestrator.seed, or the eval examples are the
-    first training examples."""
+    seed: Seed = 10_000
+    """Draws the held-out examples (0 to 2**32 - 1); keep it apart from orchestrator.seed, or the eval
+    examples are the first training examples."""
 
 
 class OrchestratorConfig(Section):
@@ -511,8 +532,9 @@ class OrchestratorConfig(Section):
     env: list[EnvConfig] = [EnvConfig()]
     """The training environments, one [[orchestrator.env]] table each with keys id, weight and args (on the
     command line a JSON list of such objects); absent: one "reverse_text"."""
-    seed: int = 0
-    """Draws each group's environment and example; the same seed gives the same example stream."""
+    seed: Seed = 0
+    """Draws each group's environment and example (0 to 2**32 - 1); the same seed gives the same example
+    stream."""
     chat_template_kwargs: dict[str, Any] = {}
     """Extra variables for the model's chat template when it renders episodes, e.g. { enable_thinking = false }
     for Qwen3 (which then opens each answer with an empty <think> block that later turns do not repeat, so
@@ -535,6 +557,16 @@ class OrchestratorConfig(Section):
             raise ValueError(
                 f"batch_size ({self.batch_size}) must be a multiple of rollouts_per_example "
                 f"({self.rollouts_per_example})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _groups_of_several(self) -> OrchestratorConfig:
+        # A custom estimator (advantage.fn) may not need a group: rl warns about it instead (preflight).
+        if self.rollouts_per_example == 1 and self.advantage.fn is None:
+            raise ValueError(
+                f'rollouts_per_example = 1 with advantage.estimator = "{self.advantage.estimator}": each '
+                "rollout is its own group's baseline, so every advantage is 0 and nothing trains; use 2 or more"
             )
         return self
 
@@ -638,16 +670,35 @@ class InferenceConfig(Section):
     """Key the vLLM servers `rl` starts require (vLLM's `--api-key`) and the orchestrator sends
     (`Authorization: Bearer`), also to servers given by urls. Required when host is not a loopback
     address, so that a server reachable from other machines never serves (or swaps) adapters for
-    anyone. None: no key."""
+    anyone. None (or an empty or blank string): no key."""
     max_restarts: int = Field(3, ge=0)
     """How many times `rl` restarts a worker it started that died (the orchestrator routes around it
     meanwhile); one more death stops the run. Workers given by `urls` are never restarted."""
+
+    @field_validator("urls", mode="after")
+    @classmethod
+    def _urls_are_server_addresses(cls, urls: list[str]) -> list[str]:
+        for url in urls:
+            if problem := _url_problem(url):
+                raise ValueError(f"{url!r} {problem}: give a base URL such as 'http://127.0.0.1:8000'")
+        return urls
+
+    @field_validator("api_key", mode="after")
+    @classmethod
+    def _blank_key_is_no_key(cls, key: str | None) -> str | None:
+        # vLLM checks no key when given an empty one: `--inference.api_key=` must not pass for a key.
+        if key is None or not key.strip():
+            return None
+        if key != key.strip() or not key.isprintable():
+            raise ValueError("has spaces at its ends or unprintable characters, which an HTTP header cannot carry")
+        return key
 
     @model_validator(mode="after")
     def _open_servers_need_a_key(self) -> InferenceConfig:
         if self.api_key is None and not _is_loopback(self.host):
             raise ValueError(
-                f"inference.api_key is required when inference.host ({self.host}) is not a loopback address"
+                f"inference.api_key is required when inference.host ({self.host}) is not a loopback address "
+                "(an empty or blank key counts as none)"
             )
         return self
 
@@ -686,6 +737,24 @@ class InferenceConfig(Section):
         return None
 
 
+def _url_problem(url: str) -> str | None:
+    """What makes `url` no base URL of an HTTP server, or None."""
+    if not url.isprintable() or any(c.isspace() for c in url):
+        return "has spaces or unprintable characters"
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        return "does not start with http:// or https://"
+    if not parts.hostname:
+        return "names no host"
+    try:
+        parts.port  # noqa: B018  (raises on a port that is not a number in 0..65535)
+    except ValueError:
+        return "has a port that is not a number from 1 to 65535"
+    if parts.port == 0:
+        return "has port 0"
+    return None
+
+
 def _is_loopback(host: str) -> bool:
     try:
         return ipaddress.ip_address(host).is_loopback
@@ -722,15 +791,16 @@ class SharedConfig(Section):
     seq_len: int = Field(512, ge=16)
     """Most tokens of one sample, prompt plus completion: vLLM's `--max-model-len` in `rl`; in `sft`,
     longer examples are cut or left out (data.truncation). With packing, also the width of a row."""
-    output_dir: Path = Path("outputs")
+    output_dir: UserPath = Path("outputs")
     """Folder of run folders: a run writes everything to `<output_dir>/<run_name>/`."""
     run_name: str = Field("default", pattern=r"^[A-Za-z0-9._-]+$")
     """Name of the run folder under output_dir, and in `rl` of its adapters in vLLM (`<run_name>-step<N>`),
     so runs sharing servers never touch each other's adapters. Letters, digits, ".", "_" and "-", at most
     200 of them."""
-    seed: int = 0
+    seed: Seed = 0
     """Seeds torch in the trainer (a fresh adapter's initial weights) and vLLM's sampling (`--seed`); in
-    `sft` also the data order and the eval_fraction hold-out. Examples in `rl` follow orchestrator.seed."""
+    `sft` also the data order and the eval_fraction hold-out. Examples in `rl` follow orchestrator.seed.
+    0 to 2**32 - 1."""
     monitor: MonitorConfig = MonitorConfig()
     """Where metrics go: metrics.jsonl, the console, Weights & Biases."""
     overwrite: bool = Field(False, exclude=True)
@@ -975,7 +1045,7 @@ class RLConfig(SharedConfig):
 
 
 class SFTDataConfig(Section):
-    path: Path
+    path: UserPath
     """The training data: a .jsonl or .parquet file, or a folder (save_to_disk's, or of .jsonl and .parquet
     files). Records are chats, {"messages": [{"role", "content"}, ...]}, or {"prompt", "completion"} whose
     parts are strings (a user and an assistant message) or message lists."""
@@ -990,7 +1060,7 @@ class SFTDataConfig(Section):
     """An example longer than seq_len is cut to seq_len ("truncate") or left out ("skip", counted and logged)."""
     eval_fraction: float = Field(0.0, ge=0.0, lt=1.0)
     """Fraction of path's records held out at random (drawn with the run's seed) for the eval loss; 0: none."""
-    eval_path: Path | None = None
+    eval_path: UserPath | None = None
     """Held-out eval data in a file or folder of its own, in the format of path; None: none (or eval_fraction)."""
 
     @model_validator(mode="after")

@@ -179,18 +179,23 @@ def shape_from_config(config: PretrainedConfig, name: str, source: str) -> Model
             head_dim=getattr(text, "head_dim", None) or hidden // heads,
             intermediate=text.intermediate_size,
             vocab=text.vocab_size,
-            parameters=_count(_meta_model(config)),
+            parameters=_count(meta_model(config)),
         )
     except (AttributeError, ValueError):
         return None
 
 
-def _meta_model(config: PretrainedConfig) -> Any:
+def meta_model(config: PretrainedConfig, attn_implementation: str | None = None) -> Any:
+    """The model `config` describes, built on the meta device (shapes, no weights); transformers
+    refuses an `attn_implementation` it cannot use here (e.g. flash attention not installed) as it
+    would when loading the weights."""
     import torch
     from transformers import AutoModelForCausalLM
 
+    from lorarl.trainer import attention  # noqa: F401  (registers "packed_sdpa" with transformers)
+
     with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(config)
+        return AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation)
 
 
 def _count(model: Any, trainable: bool = False) -> int:
@@ -215,7 +220,7 @@ def _adapter_parameters(name: str, lora_json: str) -> int:
     assert found is not None, "model_shape(name) first"
     lora = LoraConfig.model_validate_json(lora_json).model_copy(update={"init_adapter": None})
     try:
-        return _count(apply_lora(_meta_model(found[0]), lora), trainable=True)
+        return _count(apply_lora(meta_model(found[0]), lora), trainable=True)
     except ValueError as e:  # target_modules that adapt nothing: the trainer would die at start
         raise AdapterError(str(e)) from None
 

@@ -3,28 +3,57 @@
 Each mistake here would otherwise surface minutes later, after vLLM has started (or, worse, after
 the previous run's outputs were cleared). Every check raises `PreflightError` with one line that
 names the key and the value at fault.
+
+What loading the model would find is found from files' headers and the model's shapes, never by
+loading weights: the model folder's config.json, tokenizer and the shapes its safetensors headers
+declare, against the model config.json describes, built on the meta device with the configured
+attention implementation (which transformers refuses there as it would at load time); an init
+adapter's tensors against the modules of that model. Environments are built to measure their
+prompts against seq_len: built-ins and reasoning-gym tasks always, a user's (declared) environment
+only for a start, since a dry run calls no user function.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import json
+import logging
 import os
+import random
 import re
 import socket
 import sys
 from collections.abc import Callable
+from itertools import islice
 from pathlib import Path
+from typing import Any
 
-from lorarl.config.models import RLConfig, SFTConfig
+from lorarl.config.models import LoraConfig, ModelConfig, RLConfig, SFTConfig
 from lorarl.inference.health import check_served_model
 from lorarl.launcher.bundles import plan_bundles, ray_placement
-from lorarl.launcher.memory_plan import AdapterError, MemoryPlan, rl_memory_plan, sft_memory_plan
-from lorarl.launcher.placement import Placement, place
+from lorarl.launcher.memory_plan import (
+    AdapterError,
+    MemoryPlan,
+    meta_model,
+    model_config,
+    rl_memory_plan,
+    sft_memory_plan,
+)
+from lorarl.launcher.placement import Placement, place, visible_gpus
+from lorarl.orchestrator import envs
 from lorarl.orchestrator.envs import EnvArgsError, check_environment
 from lorarl.plugins import PluginError, PluginKind, load_function
 
 _HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 _RAY_ADDRESS = re.compile(r"^(auto|(ray://)?[\w.-]+:\d+)$")
+log = logging.getLogger("lorarl.preflight")
+# Attention implementations that need a GPU to train (FlexAttention has no backward on the CPU).
+_GPU_ATTENTION = ("flex_attention", "flash_attention_2", "flash_attention_3")
+# Training examples per environment whose prompts are measured against seq_len (besides the eval examples).
+_PROMPTS_MEASURED = 32
+# A PEFT adapter's LoRA tensor: base_model.model.<module path>.lora_A.weight (or lora_B).
+_LORA_TENSOR = re.compile(r"^base_model\.model\.(?P<module>.+)\.lora_(?P<half>[AB])\.weight$")
 
 
 class PreflightError(Exception):
@@ -50,8 +79,11 @@ def check_rl(cfg: RLConfig, gpus: int) -> Placement:
     for where, adapter_cfg in adapters:
         try:
             check_adapter(adapter_cfg)
+            check_model_loads(adapter_cfg.model, placement.on_gpu)
+            check_prompts(adapter_cfg, user_code=not cfg.dry_run)
         except PreflightError as e:
             raise PreflightError(f"{where}{e}") from None
+    warn_single_rollout_groups(cfg)
     if not cfg.inference.urls and cfg.cluster.backend == "local":  # Ray's workers listen on their own nodes
         check_ports(cfg.inference.host, cfg.inference.port, cfg.inference.num_workers)
     check_memory(lambda: rl_memory_plan(cfg, placement))
@@ -107,6 +139,18 @@ def check_cluster(cfg: RLConfig) -> None:
         raise PreflightError('cluster.backend = "ray", but Ray is not installed here (pip install "ray[default]")')
 
 
+def warn_single_rollout_groups(cfg: RLConfig) -> None:
+    """Groups of one with a custom estimator: legitimate if it needs no group (the config refuses them
+    with the built-in estimators), but a baseline from the group would make every advantage 0."""
+    orch = cfg.orchestrator
+    if orch.rollouts_per_example == 1 and orch.advantage.fn is not None:
+        log.warning(
+            "orchestrator.rollouts_per_example = 1: advantage.fn %r gets one reward per group; an advantage "
+            "relative to the group's would be 0 and train nothing",
+            orch.advantage.fn,
+        )
+
+
 def check_sft(cfg: SFTConfig) -> None:
     check_model(cfg.model.name)
     try:
@@ -114,6 +158,7 @@ def check_sft(cfg: SFTConfig) -> None:
             cfg.model.lora.check_init_adapter()
     except ValueError as e:
         raise PreflightError(str(e)) from None
+    check_model_loads(cfg.model, visible_gpus(cfg) > 0)
     from lorarl.trainer.sft_data import read_sft_data  # loads torch: only once the config is valid
 
     # Every record parses (format, UTF-8, roles, no blank turns, loss tokens, eval apart): cheap next to
@@ -136,17 +181,204 @@ def check_memory(make_plan: Callable[[], MemoryPlan]) -> None:
 
 
 def check_model(name: str, key: str = "model.name") -> None:
-    """`name` (given as `key`) is a model folder with a config.json, or, where a hub may be
-    reached, a hub id."""
-    path = Path(name).expanduser()
+    """`name` (given as `key`) is a model folder whose config.json parses, with weights and a tokenizer
+    that loads, or, where a hub may be reached, a hub id."""
+    path = Path(name)  # "~" was expanded with the config
     if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise PreflightError(f"{key}: {name} has no config.json (expected a Hugging Face model folder)")
+        check_model_folder(path, key)
         return
     if path.exists():
         raise PreflightError(f"{key}: {name} is a file, not a model folder")
     if os.environ.get("HF_HUB_OFFLINE") == "1" or not _HUB_ID.match(name):
         raise PreflightError(f"{key}: {name} not found (expected a Hugging Face model folder)")
+
+
+def check_model_folder(path: Path, key: str = "model.name") -> None:
+    """What `from_pretrained` needs of a model folder, short of its weights' values: a config.json
+    transformers reads, weight files whose headers are whole, and a tokenizer that loads."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    config = path / "config.json"
+    if not config.is_file():
+        raise PreflightError(f"{key}: {path} has no config.json (expected a Hugging Face model folder)")
+    try:
+        AutoConfig.from_pretrained(path)
+    except Exception as e:  # transformers raises OSError, ValueError, KeyError... for a bad config.json
+        raise PreflightError(f"{key}: {config} is not a model config transformers reads: {_first_line(e)}") from None
+    model_weights(path, key)
+    try:
+        AutoTokenizer.from_pretrained(path)
+    except Exception as e:  # as above, for the tokenizer's files
+        raise PreflightError(f"{key}: the tokenizer in {path} does not load: {_first_line(e)}") from None
+
+
+def model_weights(path: Path, key: str = "model.name") -> dict[str, tuple[int, ...]]:
+    """The shape of every tensor in the model folder's safetensors files, by name (none for pickled
+    .bin files, whose shapes cannot be read without loading them); PreflightError if the folder has no
+    weights, or a weight file is not whole."""
+    for index in sorted(path.glob("*.index.json")):
+        named = set(_json_object(index, key).get("weight_map", {}).values())
+        if missing := sorted(str(n) for n in named if not (path / str(n)).is_file()):
+            raise PreflightError(f"{key}: {index} names weight files that are not there: {', '.join(missing)}")
+    shards = sorted(path.glob("*.safetensors"))
+    if not shards and not any(path.glob("*.bin")):
+        raise PreflightError(f"{key}: {path} has no weights (*.safetensors or *.bin files)")
+    return {name: shape for shard in shards for name, shape in safetensors_shapes(shard, key).items()}
+
+
+def safetensors_shapes(file: Path, key: str) -> dict[str, tuple[int, ...]]:
+    """The shape of each tensor in `file` (given as `key`), from its header alone; safetensors also
+    checks that the file holds every byte the header declares."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(file, "pt") as f:
+            return {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}  # noqa: SIM118 (no __iter__)
+    except (SafetensorError, OSError) as e:
+        raise PreflightError(f"{key}: {file} is not a whole safetensors file ({e})") from None
+
+
+def _json_object(file: Path, key: str) -> dict[str, Any]:
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise PreflightError(f"{key}: {file} is not a readable JSON file ({e})") from None
+    if not isinstance(data, dict):
+        raise PreflightError(f"{key}: {file} holds a {type(data).__name__}, not a JSON object")
+    return data
+
+
+def check_model_loads(model: ModelConfig, on_gpu: bool) -> None:
+    """What loading the model (and its init adapter) would find, on the meta device: an attention
+    implementation the trainer can use here (`on_gpu`: on GPUs), weights of the shapes config.json
+    describes, and an init adapter whose tensors fit that model's modules."""
+    attn = model.attn_implementation
+    if attn in _GPU_ATTENTION and not on_gpu:
+        raise PreflightError(
+            f"model.attn_implementation = {attn!r} trains on GPUs only, and the trainer runs on the CPU here: "
+            "use 'packed_sdpa'"
+        )
+    found = model_config(model.name)
+    if found is None:  # a hub model out of reach: the memory plan says so
+        return
+    try:
+        net = meta_model(found[0], attn)
+    except (ImportError, ValueError) as e:  # transformers: an implementation unknown or not installed
+        raise PreflightError(f"model.attn_implementation = {attn!r}: {_first_line(e)}") from None
+    # Quantized weights are stored packed, in other shapes than the model's.
+    if Path(model.name).is_dir() and getattr(found[0], "quantization_config", None) is None:
+        _check_weight_shapes(Path(model.name), net)
+    if model.lora is not None and model.lora.init_adapter is not None:
+        check_adapter_fits(model.lora, net)
+
+
+def _check_weight_shapes(path: Path, net: Any) -> None:
+    """Each tensor both the model and its weight files have has one shape in both (a config.json of
+    another model, or one missing its sizes, describes other shapes than the weights')."""
+    expected = {name: tuple(t.shape) for name, t in net.state_dict().items()}
+    for name, shape in model_weights(path).items():
+        if name in expected and expected[name] != shape:
+            raise PreflightError(
+                f"model.name: the weights in {path} give {name} the shape {list(shape)}, but {path}/config.json "
+                f"describes {list(expected[name])}: config.json and the weights are of different models"
+            )
+
+
+def check_adapter_fits(lora: LoraConfig, net: Any) -> None:
+    """model.lora.init_adapter's LoRA tensors adapt modules that the base model `net` has, in their
+    shapes at the adapter's rank (else PEFT raises a state_dict RuntimeError when loading it)."""
+    folder = Path(str(lora.init_adapter))
+    file = folder / "adapter_model.safetensors"
+    if not file.is_file():
+        if (folder / "adapter_model.bin").is_file():
+            return  # pickled weights: their shapes cannot be read without loading them
+        raise PreflightError(f"model.lora.init_adapter: {folder} has no adapter_model.safetensors")
+    # Per-module ranks (PEFT's rank_pattern) differ from r by design: only the base's sides are compared.
+    one_rank = not _json_object(folder / "adapter_config.json", "model.lora.init_adapter").get("rank_pattern")
+    modules = dict(net.named_modules())
+    for name, shape in safetensors_shapes(file, "model.lora.init_adapter").items():
+        if (m := _LORA_TENSOR.match(name)) is None:
+            continue  # modules_to_save, embedding LoRA: loaded as PEFT sees fit
+        module = modules.get(m["module"])
+        if module is None:
+            raise PreflightError(
+                f"model.lora.init_adapter: {file} adapts {m['module']}, which the base model lacks: the adapter "
+                "was trained on another model"
+            )
+        if not hasattr(module, "in_features"):
+            continue  # fused expert parameters and the like: PEFT's own layout
+        if m["half"] == "A":  # [rank, in_features]
+            rank, side, want = shape[0], shape[1:], module.in_features
+        else:  # [out_features, rank]
+            rank, side, want = shape[-1], shape[:-1], module.out_features
+        if side != (want,):
+            raise PreflightError(
+                f"model.lora.init_adapter: {file} gives {name} the shape {list(shape)}, but the base model's "
+                f"{m['module']} takes {want} there: the adapter was trained on another model"
+            )
+        if one_rank and rank != lora.rank:
+            raise PreflightError(
+                f"model.lora.init_adapter: {file} holds tensors of rank {rank} ({name}), but its "
+                f"adapter_config.json and [model.lora] say {lora.rank}: the adapter folder is inconsistent"
+            )
+
+
+def check_prompts(cfg: RLConfig, user_code: bool) -> None:
+    """Each environment's first prompts (and eval prompts) leave room to generate within seq_len:
+    an episode whose prompt does not stops the orchestrator mid-run. A user's environment is built
+    for it only with `user_code` (a start; check_environments has found it declared)."""
+    from lorarl.chat import encode_chat
+
+    orch = cfg.orchestrator
+    tokenizer = _tokenizer(cfg.model.name)
+    for i, env_cfg in enumerate(orch.env):
+        env = _built_environment(i, env_cfg.id, env_cfg.args, user_code)
+        if env is None or tokenizer is None:
+            continue
+        examples = list(islice(env.examples(random.Random(orch.seed)), _PROMPTS_MEASURED))
+        if orch.eval is not None:
+            examples += islice(env.eval_examples(random.Random(orch.eval.seed)), orch.eval.num_examples)
+        prompts = (env.prompt(example) for example in examples)
+        template = {"tools": env.tool_schemas(), **orch.chat_template_kwargs}
+        longest = max(
+            (len(encode_chat(tokenizer, p, add_generation_prompt=True, **template)) for p in prompts), default=0
+        )
+        if longest >= cfg.seq_len:
+            raise PreflightError(
+                f"seq_len = {cfg.seq_len}: orchestrator.env[{i}] {env_cfg.id!r} has prompts of {longest} tokens, "
+                f"which leave no room to generate: raise seq_len to {longest + orch.sampling.max_tokens} "
+                "(the prompt and sampling.max_tokens)"
+            )
+
+
+def _built_environment(i: int, env_id: str, args: dict[str, Any], user_code: bool) -> envs.Environment | None:
+    """The environment `env_id` with `args` (the i-th), or None where building it would start a
+    library's tools (verifiers) or, without `user_code`, run a user's code."""
+    prefix = env_id.partition(":")[0]
+    if prefix in envs.BRIDGES and prefix != "reasoning_gym":
+        return None
+    if prefix not in envs.BRIDGES and env_id not in envs.BUILTIN and not user_code:
+        return None
+    try:
+        return envs.load_environment(env_id, args)
+    except Exception as e:  # an environment's constructor may raise anything: one line that names it
+        raise PreflightError(f"orchestrator.env[{i}] id {env_id!r}: building it failed: {_first_line(e)}") from None
+
+
+@functools.cache
+def _tokenizer(name: str) -> Any:
+    """The model's tokenizer (a folder's was checked by check_model), or a hub model's from the local
+    cache; None if not there (a check asks no hub)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(name, local_files_only=True)
+    except OSError:  # not downloaded yet: vLLM will download it, the orchestrator then finds long prompts
+        return None
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip() or type(error).__name__).splitlines()[0]
 
 
 def check_environments(cfg: RLConfig) -> None:
