@@ -12,8 +12,8 @@
 #
 #   bash scripts/gpu_acceptance.sh             # 2+ GPUs: vLLM on GPU 0, the trainer on GPU 1
 #                                              # 1 GPU: both on GPU 0 (inference.colocate_with_trainer)
-#   bash scripts/gpu_acceptance.sh --dry-run   # anywhere, no GPU: config-only model folders and each
-#                                              # run's placement and memory plan on one pretended GPU
+#   bash scripts/gpu_acceptance.sh --dry-run   # anywhere, no GPU: each run's placement and memory plan
+#                                              # on one pretended GPU, the shapes named by hub id
 #   MODELS="0.6B" STEPS=3 MAX_TOKENS=1024 PY=/path/to/python OUT_DIR=/tmp/acc bash scripts/gpu_acceptance.sh
 #
 # Needs the GPU build (`scripts/setup.sh` on a GPU machine installs `vllm`) and nvidia-smi.
@@ -57,21 +57,18 @@ shape_of() {
     esac
 }
 
-# The model folder of $1: config and tokenizer alone for a dry run (all it reads), bfloat16 weights
-# otherwise (a folder of its own, so that a dry run's never stands in for it).
-model_folder() {
-    if $dry_run; then echo "$OUT_DIR/models-config-only/$1"; else echo "$OUT_DIR/models/$1"; fi
+# The model of $1 (hub shape $2): its bfloat16 random-weight folder; for a dry run the hub id itself,
+# whose shape lorarl's memory plan knows without the hub (a start's checks refuse a folder without
+# weights, and the 4B's would be 8 GB to build just for a plan).
+model_of() {
+    if $dry_run; then echo "$2"; else echo "$OUT_DIR/models/$1"; fi
 }
 
 # Build model $1 of hub shape $2 unless its folder has it; the log in the folder's parent.
 build_model() {
-    local folder
-    folder=$(model_folder "$1")
-    if $dry_run; then
-        [[ -f $folder/config.json ]] || "$PY" -m lorarl.tiny_model "$folder" --shape "$2" --config-only
-    else
-        compgen -G "$folder/*.safetensors" >/dev/null || "$PY" -m lorarl.tiny_model "$folder" --shape "$2" --dtype bfloat16
-    fi > "$folder.build.log" 2>&1
+    local folder=$OUT_DIR/models/$1
+    compgen -G "$folder/*.safetensors" >/dev/null ||
+        "$PY" -m lorarl.tiny_model "$folder" --shape "$2" --dtype bfloat16 > "$folder.build.log" 2>&1
 }
 
 # The `rl` flags of one model's run.
@@ -107,23 +104,25 @@ poll_gpu_memory() {
 
 poller=
 trap '[[ -z $poller ]] || kill "$poller" 2>/dev/null || true' EXIT
-mkdir -p "$OUT_DIR/models" "$OUT_DIR/models-config-only"
+mkdir -p "$OUT_DIR/models"
 # Every model is built at once in the background (the 4B's 8 GB of random weights take about a
 # minute of CPU), each run waiting for its own.
 declare -A builds
 for name in $MODELS; do
     read -r shape _ _ < <(shape_of "$name") || exit 2
+    $dry_run && continue
     build_model "$name" "$shape" &
     builds[$name]=$!
 done
 failed=0
 for name in $MODELS; do
     read -r shape rank micro < <(shape_of "$name")
-    folder=$(model_folder "$name")
-    wait "${builds[$name]}" || { echo "gpu_acceptance: building $folder failed: $folder.build.log" >&2; exit 1; }
+    folder=$(model_of "$name" "$shape")
+    $dry_run || wait "${builds[$name]}" || { echo "gpu_acceptance: building $folder failed: $folder.build.log" >&2; exit 1; }
     echo "== qwen3-$name ($shape shape, random weights, $folder): placement and memory plan"
     rl_flags "$name" "$folder" "$rank" "$micro"
-    "$PY" -m lorarl.cli.rl "${flags[@]}" --dry-run "${pretend[@]}" | sed '/^# /,$d'
+    # A hub id passes the checks only where a hub may be reached (none is asked: the shape is lorarl's).
+    HF_HUB_OFFLINE=$($dry_run && echo 0 || echo 1) "$PY" -m lorarl.cli.rl "${flags[@]}" --dry-run "${pretend[@]}" | sed '/^# /,$d'
     $dry_run && continue
 
     smi_log=$OUT_DIR/nvidia-smi-$name.log

@@ -1,4 +1,4 @@
-"""scripts/gpu_acceptance.sh up to its first GPU need: its --dry-run builds the config-only shapes and
+"""scripts/gpu_acceptance.sh up to its first GPU need: its --dry-run names the shapes by hub id and
 passes `rl --dry-run` with the very flags of its runs (memory plan included), and its report reads
 a run folder in the format `rl` writes (the memory plan from that dry run, metrics rows with the keys
 the trainer and orchestrator log, an nvidia-smi log as its poller writes it)."""
@@ -36,13 +36,13 @@ def test_the_dry_run_plans_both_shapes_on_one_gpu(dry_run: tuple[Path, str]) -> 
     out, stdout = dry_run
     assert "596.0M parameters, vocab 151,936" in stdout and "4.02B parameters, vocab 151,936" in stdout
     assert stdout.count("inference.colocate_with_trainer") == 2 and stdout.count("GPUs of 139 GiB") == 2
-    for name in ("qwen3-0.6B", "qwen3-4B"):
+    for name, hub_id in (("qwen3-0.6B", "Qwen/Qwen3-0.6B"), ("qwen3-4B", "Qwen/Qwen3-4B")):
         trainer = json.loads((out / name / "configs" / "trainer.json").read_text())
+        assert trainer["model"]["name"] == hub_id  # planned from lorarl's shapes: no model built
         orchestrator = json.loads((out / name / "configs" / "orchestrator.json").read_text())
         assert trainer["model"]["dtype"] == "bfloat16" and trainer["trainer"]["ckpt"]["interval"] == 1
         assert orchestrator["orchestrator"]["max_async_level"] == 0
     assert json.loads((out / "qwen3-4B" / "configs" / "trainer.json").read_text())["model"]["lora"]["rank"] == 64
-    assert not list(out.glob("models-config-only/*/*.safetensors"))  # config-only: no weights written
     assert not (out / "models").exists() or not any((out / "models").iterdir())
 
 
