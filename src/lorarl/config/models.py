@@ -51,6 +51,18 @@ UserPath = Annotated[Path, AfterValidator(lambda path: path.expanduser())]
 Seed = Annotated[int, Field(ge=0, lt=2**32)]
 
 
+def json_object(file: Path, key: str) -> dict[str, Any]:
+    """The JSON object in `file` (a file that config key `key` leads to); ValueError, one line naming
+    both, if it cannot be read or holds something else."""
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{key}: {file} is not a readable JSON file ({e})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{key}: {file} holds a {type(data).__name__}, not a JSON object")
+    return data
+
+
 class Section(BaseModel):
     # Field docstrings become the field descriptions, which `--help` shows.
     # No NaN or infinity anywhere: an `lr = inf` would train a NaN adapter.
@@ -146,13 +158,7 @@ class LoraConfig(Section):
         path = Path(str(self.init_adapter)) / "adapter_config.json"
         if not path.is_file():
             raise ValueError(f"model.lora.init_adapter: {path} not found (expected a PEFT adapter folder)")
-        try:
-            saved = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ValueError(f"model.lora.init_adapter: {path} is not a readable JSON file ({e})") from None
-        if not isinstance(saved, dict):
-            raise ValueError(f"model.lora.init_adapter: {path} holds a {type(saved).__name__}, not a JSON object")
-        return saved
+        return json_object(path, "model.lora.init_adapter")
 
 
 class ModelConfig(Section):

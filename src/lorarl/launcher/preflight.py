@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import json
 import logging
 import os
 import random
@@ -29,7 +28,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from lorarl.config.models import LoraConfig, ModelConfig, RLConfig, SFTConfig
+from lorarl.config.models import LoraConfig, ModelConfig, RLConfig, SFTConfig, json_object
 from lorarl.inference.health import check_served_model
 from lorarl.launcher.bundles import plan_bundles, ray_placement
 from lorarl.launcher.memory_plan import (
@@ -240,12 +239,9 @@ def safetensors_shapes(file: Path, key: str) -> dict[str, tuple[int, ...]]:
 
 def _json_object(file: Path, key: str) -> dict[str, Any]:
     try:
-        data = json.loads(file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise PreflightError(f"{key}: {file} is not a readable JSON file ({e})") from None
-    if not isinstance(data, dict):
-        raise PreflightError(f"{key}: {file} holds a {type(data).__name__}, not a JSON object")
-    return data
+        return json_object(file, key)
+    except ValueError as e:
+        raise PreflightError(str(e)) from None
 
 
 def check_model_loads(model: ModelConfig, on_gpu: bool) -> None:
