@@ -195,7 +195,7 @@ def check_model(name: str, key: str = "model.name") -> None:
 def check_model_folder(path: Path, key: str = "model.name") -> None:
     """What `from_pretrained` needs of a model folder, short of its weights' values: a config.json
     transformers reads, weight files whose headers are whole, and a tokenizer that loads."""
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig
 
     config = path / "config.json"
     if not config.is_file():
@@ -206,7 +206,7 @@ def check_model_folder(path: Path, key: str = "model.name") -> None:
         raise PreflightError(f"{key}: {config} is not a model config transformers reads: {_first_line(e)}") from None
     model_weights(path, key)
     try:
-        AutoTokenizer.from_pretrained(path)
+        _load_tokenizer(str(path))  # cached: check_prompts measures the prompts with it
     except Exception as e:  # as above, for the tokenizer's files
         raise PreflightError(f"{key}: the tokenizer in {path} does not load: {_first_line(e)}") from None
 
@@ -361,16 +361,21 @@ def _built_environment(i: int, env_id: str, args: dict[str, Any], user_code: boo
         raise PreflightError(f"orchestrator.env[{i}] id {env_id!r}: building it failed: {_first_line(e)}") from None
 
 
-@functools.cache
 def _tokenizer(name: str) -> Any:
     """The model's tokenizer (a folder's was checked by check_model), or a hub model's from the local
     cache; None if not there (a check asks no hub)."""
-    from transformers import AutoTokenizer
-
     try:
-        return AutoTokenizer.from_pretrained(name, local_files_only=True)
+        return _load_tokenizer(str(Path(name)))
     except OSError:  # not downloaded yet: vLLM will download it, the orchestrator then finds long prompts
         return None
+
+
+@functools.cache
+def _load_tokenizer(name: str) -> Any:
+    """The tokenizer of model folder or hub id `name`, from local files only; loaded once per process."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(name, local_files_only=True)
 
 
 def _first_line(error: BaseException) -> str:
