@@ -1,5 +1,5 @@
 """What a warmed-up alphabet_sort model gets wrong, turn by turn, sampling and taking the likeliest
-token: how much room a warm-up leaves RL (README "Learning on a CPU").
+token: how much room a warm-up leaves RL (docs/learning.md).
 
 .venv/bin/python scripts/alphabet_sort_errors.py outputs/alphabet_sort-sft/final
 .venv/bin/python scripts/alphabet_sort_errors.py outputs/alphabet_sort-sft/final --temperature 0   # greedy

@@ -13,7 +13,7 @@ this script builds the tiny model and the warm-up data if they are missing (the 
 environment args of rl.toml), runs each `sft` stage, then `rl`, all with --overwrite (their runs are
 the recipes' own folders under outputs/), and reads metrics.jsonl:
 the mean reward of the first and last 10 steps, evals (avg@k, pass@k) of the starting and the final
-policy, and wall times. The markdown table it prints is the README's "Learning" table.
+policy, and wall times. The markdown table it prints is the table of docs/learning.md.
 
 --control runs rl.toml a second time with lr 1e-12 (run `<run_name>-control`): the warm-up policy,
 unchanged, on the same example stream. Where the reward depends much on the example, the first and

@@ -4,7 +4,7 @@ An `rl` TOML has the sections of `RLConfig`; an `sft` TOML those of `SFTConfig`.
 forbids unknown keys, so a typo stops the program before anything starts.
 
 Each field's docstring is its one documentation: `--help` shows it, and scripts/config_reference.py
-renders README's config reference from it, so the two cannot drift apart.
+renders the config reference (docs/config.md) from it, so the two cannot drift apart.
 """
 
 from __future__ import annotations
@@ -638,14 +638,14 @@ class InferenceConfig(Section):
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
     """Fraction of each of its GPUs' memory a vLLM server takes for weights, activations and KV cache
     (vLLM's `--gpu-memory-utilization`). With colocate_with_trainer, leave the trainer its peak
-    (`memory/peak_gib`) plus about 2 GiB: see README "GPUs". None: 0.9, or 0.4 with colocate_with_trainer."""
+    (`memory/peak_gib`) plus about 2 GiB: see docs/gpus.md. None: 0.9, or 0.4 with colocate_with_trainer."""
     kv_cache_gib: int = Field(1, ge=1)
     """KV cache per vLLM server in whole GiB on machines without a GPU (VLLM_CPU_KVCACHE_SPACE)."""
     cpu_threads: int | None = Field(1, ge=1)
     """On a machine without GPUs: cores (and OpenMP threads) of each vLLM server `rl` starts, per
     tensor-parallel rank. Worker i is pinned, its whole process tree, to the next cores in order, leaving
     the last core (and any others) to the trainer's trainer.num_threads threads, so that vLLM's busy-waiting
-    engine cannot take the trainer's core (README "Performance"); workers that need every core spread over
+    engine cannot take the trainer's core (docs/performance.md); workers that need every core spread over
     all of them. None: no pinning, vLLM binds its threads itself (VLLM_CPU_OMP_THREADS_BIND=auto: the
     first core, for every worker). Unused with urls and on GPUs."""
     startup_timeout: float = Field(600.0, gt=0)
@@ -855,7 +855,7 @@ class SharedConfig(Section):
 class ClusterConfig(Section):
     backend: Literal["local", "ray"] = "local"
     """Where `rl` starts the vLLM workers and the trainer: "local": subprocesses on this machine; "ray": on
-    the nodes of a Ray cluster, through one placement group (README "Running on a Ray cluster"). The
+    the nodes of a Ray cluster, through one placement group (docs/ray_cluster.md). The
     orchestrator always runs where `rl` runs."""
     address: str | None = None
     """The Ray cluster to use (backend "ray"): "auto" (the one `ray start` set up on this node), "host:port"

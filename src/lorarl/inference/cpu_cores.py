@@ -14,7 +14,7 @@ lands on the trainer's core and halves its forward/backward. So `rl` splits the 
   less one per worker); the kernel puts it there, as no worker runs there.
 
 By hand (a server started apart, or another split): `taskset -c 0-3 env VLLM_CPU_OMP_THREADS_BIND=0-3
-vllm serve ...`, and the trainer with `trainer.num_threads`; README "Performance" says more.
+vllm serve ...`, and the trainer with `trainer.num_threads`; docs/performance.md says more.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ among the GPUs `rl` sees, that is after its own CUDA_VISIBLE_DEVICES; the launch
 its GPUs through CUDA_VISIBLE_DEVICES (`cuda_visible_devices`), so a trainer rank always sees its GPU
 as cuda:LOCAL_RANK and a vLLM worker its GPUs as cuda:0..T-1.
 
-The rule, when gpu_ids are left out (README "GPUs"): the counts are the config's, never changed
+The rule, when gpu_ids are left out (docs/gpus.md): the counts are the config's, never changed
 here (inference.num_workers × inference.tensor_parallel_size GPUs for vLLM, trainer.parallel.dp for
 the trainer); vLLM takes the first GPUs, the trainer the next ones; what is left stays idle. With
 inference.colocate_with_trainer both start from GPU 0 and share. A placement that cannot work
@@ -205,7 +205,7 @@ def _trainer_gpus(cfg: RLConfig, gpus: int, inference: list[int]) -> tuple[int, 
             raise PlacementError(
                 "1 GPU visible, but vLLM and the trainer each need GPUs of their own: to share it, set "
                 "inference.colocate_with_trainer = true (vLLM then takes inference.gpu_memory_utilization, "
-                '0.4 by default, of its memory; README "GPUs" says how to size it)'
+                '0.4 by default, of its memory; docs/gpus.md says how to size it)'
             )
         raise PlacementError(
             f"{_count(gpus)} visible: vLLM takes {len(inference)} (inference.num_workers × "

@@ -160,9 +160,9 @@ def test_check_environment_generates_nothing(monkeypatch: pytest.MonkeyPatch) ->
     check_environment("reasoning_gym", {"tasks": {"leg_counting": 1, "gcd": 2}, "config": {"gcd": {"max_value": 50}}})
 
 
-def test_the_readme_examples_pass_the_check() -> None:
-    readme = (REPO / "README.md").read_text()
-    blocks = [b for b in re.findall(r"```toml\n(.*?)```", readme, re.DOTALL) if "reasoning_gym" in b]
+def test_the_docs_examples_pass_the_check() -> None:
+    page = (REPO / "docs" / "environments.md").read_text()
+    blocks = [b for b in re.findall(r"```toml\n(.*?)```", page, re.DOTALL) if "reasoning_gym" in b]
     envs = [env for block in blocks for env in tomllib.loads(block)["orchestrator"]["env"]]
     assert len(envs) == 2
     for env in envs:

@@ -174,9 +174,9 @@ def test_bad_ids_and_args_are_one_line_errors(env_id: str, args: dict, message: 
     assert message in str(error.value) and "\n" not in str(error.value)
 
 
-def test_the_readme_example_passes_the_check() -> None:
-    readme = (REPO / "README.md").read_text()
-    blocks = [b for b in re.findall(r"```toml\n(.*?)```", readme, re.DOTALL) if '"verifiers:' in b]
+def test_the_docs_example_passes_the_check() -> None:
+    page = (REPO / "docs" / "environments.md").read_text()
+    blocks = [b for b in re.findall(r"```toml\n(.*?)```", page, re.DOTALL) if '"verifiers:' in b]
     envs = [env for block in blocks for env in tomllib.loads(block)["orchestrator"]["env"]]
     assert len(envs) == 1
     check_environment(envs[0]["id"], envs[0].get("args", {}))
