@@ -242,16 +242,25 @@ class LossConfig(Section):
     """Weight of a per-token KL penalty to the base model, the k3 estimator exp(d) - d - 1 with
     d = log π_base - log π_trainer, where π_base is the same weights with the adapter disabled. 0: no
     penalty; above 0 it costs one more forward per micro-batch and is logged as kl_to_base."""
-    mismatch_correction: Literal["none", "tis", "mis"] = "none"
+    mismatch_correction: Literal["none", "tis", "mis", "icepop"] = "none"
     """Importance sampling of the gap between the trainer and vLLM, apart from the trust region, by the
     weight w = π_old / π_vLLM without gradient, where π_old is the trainer's policy before this step's
     update (per token or per sample: mismatch_level). "tis": truncated IS, each token's policy loss times
-    min(w, mismatch_cap); "mis": masked IS, times w where w <= mismatch_cap and 0 above. The trust-region
+    min(w, mismatch_cap); "mis": masked IS, times w where w <= mismatch_cap and 0 above; "icepop": IcePop's
+    two-sided masked IS, times w where mismatch_low <= w <= mismatch_cap and 0 outside. The trust-region
     ratio is then π_trainer / π_old, which is 1 at the trainer's one update per batch, so the trust
     region no longer clips or masks. Logged as mismatch/capped_frac ("tis") or mismatch/masked_frac
-    ("mis") and mismatch/weight_mean. "none": the trust-region ratio is π_trainer / π_vLLM itself."""
+    and mismatch/weight_mean. "none": the trust-region ratio is π_trainer / π_vLLM itself."""
     mismatch_cap: float = Field(2.0, ge=1)
-    """The cap of mismatch_correction: weights w above it are truncated to it ("tis") or zeroed ("mis")."""
+    """The cap of mismatch_correction: weights w above it are truncated to it ("tis") or zeroed ("mis",
+    "icepop")."""
+    mismatch_low: float = Field(0.5, gt=0, le=1)
+    """The lower bound of mismatch_correction = "icepop": weights w below it are zeroed."""
+    mismatch_geo_mask: float | None = Field(None, gt=1)
+    """Geometric-mean sequence masking, with any mismatch_correction or none: a sample whose geometric-mean
+    weight exp(mean over its loss tokens of log π_old - log π_vLLM) is outside [1 / mismatch_geo_mask,
+    mismatch_geo_mask] carries no policy gradient (SkyRL's geometric sequence mask, e.g. 1.01). Logged as
+    mismatch/geo_masked_frac, the fraction of loss tokens in masked samples. None: no such mask."""
     mismatch_level: Literal["token", "sequence"] = "token"
     """What the mismatch weight w is taken of: "token": each token; "sequence": each sample, the product of
     its loss tokens' weights (the sample's likelihood ratio, not GSPO's geometric mean), for all its tokens."""
@@ -285,6 +294,11 @@ class LossConfig(Section):
             raise ValueError(
                 f"loss_fn {self.loss_fn} gets the vLLM logprobs and corrects for them itself: "
                 f'mismatch_correction = "{self.mismatch_correction}" would correct twice; leave it "none"'
+            )
+        if self.loss_fn is not None and self.mismatch_geo_mask is not None:
+            raise ValueError(
+                f"loss_fn {self.loss_fn} gets the vLLM logprobs and masks for them itself: "
+                "leave mismatch_geo_mask out"
             )
         return self
 
@@ -372,8 +386,13 @@ class SamplingConfig(Section):
     rollout), so that its logprobs match vLLM's."""
     top_p: float = Field(1.0, gt=0, le=1)
     """Nucleus sampling: sample from the most likely tokens whose probabilities add up to top_p; 1: all
-    tokens. Below 1 vLLM renormalizes over the kept tokens, and trainer and vLLM logprobs no longer agree
-    exactly."""
+    tokens. vLLM renormalizes over the kept tokens and returns the logprobs of that distribution (its
+    `--logprobs-mode processed_logprobs`, which lorarl starts it with); the trainer keeps the same tokens
+    of its own distribution and renormalizes alike, so that the importance ratio is of the distribution
+    sampled from (docs/off_policy.md)."""
+    top_k: int | None = Field(None, ge=1)
+    """Sample from the top_k most likely tokens only (ties at the k-th kept), before top_p; the trainer
+    keeps the same tokens, as for top_p. None: all tokens."""
     max_tokens: int = Field(128, ge=1)
     """Most tokens generated per model turn (fewer where the episode would outgrow seq_len); a turn that
     hits it counts as truncated."""

@@ -7,6 +7,7 @@ import os
 import shlex
 import sys
 from dataclasses import dataclass, field
+from typing import Any
 
 from lorarl.config.models import RLConfig
 from lorarl.inference.server import vllm_command, vllm_env, worker_urls
@@ -21,6 +22,8 @@ _SECTIONS = {
     "orchestrator": {"model", "orchestrator", "inference", "trainer"} | _SHARED,  # trainer.ckpt: when to checkpoint
     "inference": {"model", "inference", "orchestrator"} | _SHARED,
 }
+# And parts of sections: the trainer scores tokens over what vLLM sampled from (top_p, top_k: loss.Nucleus).
+_PARTS: dict[str, dict[str, Any]] = {"trainer": {"orchestrator": {"sampling": True}}}
 
 
 @dataclass
@@ -52,8 +55,9 @@ def plan_run(cfg: RLConfig, run: RunFolder, placement: Placement) -> list[Proces
     placed = {"inference": cfg.inference.model_copy(update={"urls": worker_urls(cfg, hosts)})} if hosts else {}
     for role, sections in _SECTIONS.items():
         role_cfg = cfg.model_copy(update=placed) if role == "orchestrator" else cfg
+        include = dict.fromkeys(sections, True) | _PARTS.get(role, {})
         (run.configs / f"{role}.json").write_text(
-            json.dumps(role_cfg.model_dump(mode="json", include=sections), indent=2) + "\n"
+            json.dumps(role_cfg.model_dump(mode="json", include=include), indent=2) + "\n"
         )
     # A dry run's pretended GPUs are not this machine's: its CUDA_VISIBLE_DEVICES does not map them.
     parent = None if cfg.dry_run_devices is not None else os.environ.get("CUDA_VISIBLE_DEVICES")

@@ -159,5 +159,11 @@ class EpisodeRunner:
             )
         s = self.sampling
         return await self.pool.complete(
-            adapter, prompt_ids, n, temperature=s.temperature, top_p=s.top_p, max_tokens=min(s.max_tokens, room)
+            adapter,
+            prompt_ids,
+            n,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k or 0,  # vLLM's 0: every token
+            max_tokens=min(s.max_tokens, room),
         )

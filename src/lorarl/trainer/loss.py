@@ -2,6 +2,10 @@
 
 Logits are divided by the sampling temperature before the softmax, exactly as vLLM does for
 `processed_logprobs`, so trainer and sampler logprobs of the same policy agree to float precision.
+With top_k or top_p (`[orchestrator.sampling]`) vLLM samples from, and returns the logprobs of, the
+distribution renormalized over the tokens these keep; the trainer keeps the same tokens of its own
+distribution by vLLM's rule (`Nucleus`) and renormalizes alike, so that both are logprobs of the
+distribution sampled from.
 
 The loss of one step, over its samples i and their loss tokens t (`[trainer.loss]`):
 
@@ -17,7 +21,8 @@ The loss of one step, over its samples i and their loss tokens t (`[trainer.loss
   MiniMax-M1 report (arXiv:2506.13585) and Tinker's "cispo" loss
   (clipped_ratio.detach() * target_logprobs * advantages).
 * c_it: 1, or the truncated or masked importance weight pi_old / pi_vLLM of `mismatch_correction`,
-  without gradient: mismatch.py, which says what it follows.
+  times the geometric-mean sample mask of `mismatch_geo_mask`, without gradient: mismatch.py, which
+  says what it follows.
 * k3: exp(d) - d - 1 with d = log pi_base - log pi_trainer, the non-negative k3 estimator of
   KL(pi_trainer || pi_base) used by GRPO; pi_base is the model with its adapter disabled.
 * H_it: the entropy of the policy's next-token distribution at the sampling temperature.
@@ -52,7 +57,7 @@ from transformers import PreTrainedModel
 from lorarl.config.models import DEFAULT_LOGITS_CHUNK_SIZE, LossConfig
 from lorarl.plugins import load_function
 from lorarl.trainer.batching import MicroBatch, TrainSample
-from lorarl.trainer.mismatch import mismatch_correction
+from lorarl.trainer.mismatch import mismatch_correction, weight_moments
 
 if TYPE_CHECKING:
     # For annotations only: packing.py imports this module, which computes its logprobs.
@@ -60,11 +65,51 @@ if TYPE_CHECKING:
     from lorarl.trainer.packing import PackedBatch
 
 
+@dataclass(frozen=True)
+class Nucleus:
+    """The tokens vLLM samples from at each position, `[orchestrator.sampling]` top_k and top_p: top_k
+    keeps the tokens whose tempered logit is at least the k-th largest; top_p then keeps, of these, the
+    most likely ones, dropping those (from the least likely up) whose cumulative probability stays
+    <= 1 - top_p, the most likely always kept. This is vLLM 0.32's apply_top_k_top_p_pytorch (sort
+    ascending, cumsum of the softmax); its other kernels keep the same set up to float rounding. The
+    sampled token is always kept: where the trainer's float rounding would drop a token vLLM kept at
+    the boundary, its logprob stays finite (and the set differs by tokens of boundary mass only)."""
+
+    top_p: float = 1.0
+    top_k: int | None = None
+
+    @property
+    def everything(self) -> bool:
+        return self.top_p >= 1.0 and self.top_k is None
+
+    def keep(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """`logits` [n, vocab] with -inf on the tokens this drops (none of `targets` [n])."""
+        with torch.no_grad():
+            ascending, order = logits.sort(dim=-1)
+            drop = torch.zeros_like(ascending, dtype=torch.bool)
+            if self.top_k is not None and self.top_k < ascending.shape[-1]:
+                drop = ascending < ascending[:, -self.top_k, None]
+            if self.top_p < 1.0:
+                cumulative = ascending.masked_fill(drop, -torch.inf).softmax(dim=-1).cumsum(dim=-1)
+                drop |= cumulative <= 1 - self.top_p
+                drop[:, -1] = False
+            dropped = torch.empty_like(drop).scatter_(-1, order, drop)
+            dropped.scatter_(-1, targets[:, None], False)
+        return logits.masked_fill(dropped, -torch.inf)
+
+
+EVERY_TOKEN = Nucleus()
+
+
 def token_logprobs(
-    model: torch.nn.Module, batch: MicroBatch | PackedBatch, chunk_size: int = DEFAULT_LOGITS_CHUNK_SIZE
+    model: torch.nn.Module,
+    batch: MicroBatch | PackedBatch,
+    chunk_size: int = DEFAULT_LOGITS_CHUNK_SIZE,
+    nucleus: Nucleus = EVERY_TOKEN,
 ) -> torch.Tensor:
-    """log p(each target | its sample's tokens before it) at the batch's temperature: [rows, T-1]."""
-    return _chunked_scores(model, batch, chunk_size, entropy=None)[0]
+    """log p(each target | its sample's tokens before it) at the batch's temperature, over the tokens
+    `nucleus` keeps: [rows, T-1]."""
+    return _chunked_scores(model, batch, chunk_size, None, nucleus)[0]
 
 
 def token_logprobs_and_entropy(
@@ -72,10 +117,13 @@ def token_logprobs_and_entropy(
     batch: MicroBatch | PackedBatch,
     with_grad: bool = False,
     chunk_size: int = DEFAULT_LOGITS_CHUNK_SIZE,
+    nucleus: Nucleus = EVERY_TOKEN,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`token_logprobs`, and the entropy of each next-token distribution at the batch's temperature
-    (the distribution the sampler drew from), with gradient only if `with_grad`: [rows, T-1] each."""
-    logprobs, entropy = _chunked_scores(model, batch, chunk_size, entropy="with_grad" if with_grad else "no_grad")
+    over the tokens `nucleus` keeps (the distribution the sampler drew from), with gradient only if
+    `with_grad`: [rows, T-1] each."""
+    mode: Literal["with_grad", "no_grad"] = "with_grad" if with_grad else "no_grad"
+    logprobs, entropy = _chunked_scores(model, batch, chunk_size, mode, nucleus)
     assert entropy is not None
     return logprobs, entropy
 
@@ -85,6 +133,7 @@ def _chunked_scores(
     batch: MicroBatch | PackedBatch,
     chunk_size: int,
     entropy: Literal["with_grad", "no_grad"] | None,
+    nucleus: Nucleus,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Target log-probabilities (and entropies) [rows, T-1] from the model's last hidden states, the
     output head applied `chunk_size` targets at a time (module docstring: "Memory")."""
@@ -94,7 +143,7 @@ def _chunked_scores(
     targets = inputs["input_ids"][:, 1:].reshape(-1)
     flat = hidden.reshape(rows * width, -1)
     head = cast(torch.nn.Module, cast(PreTrainedModel, model).get_output_embeddings())
-    score = functools.partial(_chunk_scores, head, temperature=batch.temperature, entropy=entropy)
+    score = functools.partial(_chunk_scores, head, temperature=batch.temperature, entropy=entropy, nucleus=nucleus)
     size = chunk_size or flat.shape[0]
     # Recompute a chunk's logits in the backward pass instead of keeping them, unless one chunk is all.
     recompute = torch.is_grad_enabled() and size < flat.shape[0]
@@ -114,18 +163,24 @@ def _chunk_scores(
     targets: torch.Tensor,
     temperature: float,
     entropy: Literal["with_grad", "no_grad"] | None,
+    nucleus: Nucleus,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probability of each target and the entropy (zeros if not asked for) of its tempered
-    next-token distribution, for one chunk of hidden states [n, hidden]: [n] each, in float32."""
+    next-token distribution over the tokens `nucleus` keeps, for one chunk of hidden states
+    [n, hidden]: [n] each, in float32."""
     logits = head(hidden).float()
     if temperature != 1.0:
         logits = logits / temperature
+    if not nucleus.everything:
+        logits = nucleus.keep(logits, targets)
     logprobs = torch.log_softmax(logits, dim=-1)
     target = logprobs.gather(-1, targets[:, None]).squeeze(-1)
     if entropy is None:
         return target, target.new_zeros(())
     with torch.set_grad_enabled(entropy == "with_grad" and torch.is_grad_enabled()):
-        return target, -(logprobs.exp() * logprobs).sum(-1)
+        # A dropped token adds 0 to the entropy (0 * -inf would be NaN).
+        finite = logprobs if nucleus.everything else logprobs.masked_fill(logits == -torch.inf, 0.0)
+        return target, -(logprobs.exp() * finite).sum(-1)
 
 
 def _last_hidden_states(model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
@@ -242,6 +297,7 @@ def policy_loss(
             "mismatch/logprob_abs_diff": token_log_ratio.abs().sum() / n,
             # k3 estimator of KL(sampler || trainer), non-negative per token.
             "mismatch/kl": ((token_ratio - 1 - token_log_ratio) * mask).sum() / n,
+            **weight_moments(token_log_ratio, mask, n),
         }
     if cfg.loss_fn is None:
         per_token, policy_stats = _builtin_policy_term(logprobs, token_log_ratio, loss_tokens, batch, cfg)
@@ -272,6 +328,7 @@ def _builtin_policy_term(
     mask = batch.loss_mask.float()
     # With a mismatch correction, pi_trainer / pi_vLLM = (pi_trainer / pi_old) (pi_old / pi_vLLM): the
     # trust region takes the first, 1 in value, and the correction c the second; neither counts twice.
+    # The geometric-mean mask alone (mismatch_correction "none") leaves the trust region on pi_trainer / pi_vLLM.
     anchored = cfg.mismatch_correction != "none"
     log_ratio = (logprobs - logprobs.detach()) * mask if anchored else token_log_ratio
     if cfg.ratio_level == "sequence":
@@ -296,11 +353,11 @@ def _builtin_policy_term(
             "ratio/out_of_range_frac": (out_of_range * mask).sum() / n,
             "ratio/mean": (ratio * mask).sum() / n,
         }
-    if anchored:
+    if anchored or cfg.mismatch_geo_mask is not None:
         log_w = token_log_ratio.detach()  # log pi_old - log pi_vLLM
-        if cfg.mismatch_level == "sequence":
-            log_w = _per_sample_sum(log_w, batch)[batch.sample_index]
-        correction = mismatch_correction(log_w, cfg)
+        sample_log_w = _per_sample_sum(log_w, batch)
+        geo_log_w = sample_log_w / loss_tokens.clamp(min=1)
+        correction = mismatch_correction(log_w, sample_log_w[batch.sample_index], geo_log_w[batch.sample_index], cfg)
         per_token = per_token * correction.weights
         stats |= correction.stats(cfg, mask, n)
     return per_token, stats
@@ -330,20 +387,22 @@ def micro_batch_loss(
     cfg: LossConfig,
     norm: LossNorm,
     chunk_size: int = DEFAULT_LOGITS_CHUNK_SIZE,
+    nucleus: Nucleus = EVERY_TOKEN,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Forward one batch, padded or packed, and return `policy_loss` with the policy's mean entropy
     added to the stats. With kl_coef > 0 the base model scores the batch first, only then: it costs a
     forward pass (of the same inputs and attention mask). With entropy_coef > 0 the entropy has a gradient.
-    `chunk_size`: targets per chunk of the output head (`trainer.logits_chunk_size`)."""
+    `chunk_size`: targets per chunk of the output head (`trainer.logits_chunk_size`); `nucleus`: the
+    tokens vLLM sampled from, each model's own (so that the KL penalty is 0 where the two agree)."""
     ref_logprobs = None
     if cfg.kl_coef > 0:
         # The base model is the same weights with the adapter switched off: no second copy in memory
         # (full fine-tuning refuses kl_coef: RLConfig).
         assert isinstance(model, peft.PeftModel)
         with torch.no_grad(), model.disable_adapter():
-            ref_logprobs = token_logprobs(model, batch, chunk_size)
+            ref_logprobs = token_logprobs(model, batch, chunk_size, nucleus)
     bonus = cfg.entropy_coef > 0
-    logprobs, entropy = token_logprobs_and_entropy(model, batch, bonus, chunk_size)
+    logprobs, entropy = token_logprobs_and_entropy(model, batch, bonus, chunk_size, nucleus)
     loss, stats = policy_loss(logprobs, batch, cfg, norm, ref_logprobs, entropy if bonus else None)
     mask = batch.loss_mask.float()
     stats["entropy"] = (entropy.detach() * mask).sum() / mask.sum().clamp(min=1)

@@ -31,7 +31,8 @@ from lorarl.rollouts import Rollout, RolloutBatch, policy_lag
 from lorarl.trainer.batching import MicroBatch, TrainSample
 from lorarl.trainer.broadcast import write_policy
 from lorarl.trainer.checkpoint import save_checkpoint
-from lorarl.trainer.loss import LossNorm, micro_batch_loss
+from lorarl.trainer.loss import EVERY_TOKEN, LossNorm, Nucleus, micro_batch_loss
+from lorarl.trainer.mismatch import effective_sample_size
 from lorarl.trainer.model import (
     TrainedModel,
     apply_lora,
@@ -86,10 +87,12 @@ def train_step(trainer: Trainer[Model], cfg: RLConfig, step: int, metrics: Metri
     samples = [train_sample(r) for r in batch.rollouts]
     loss_tokens = sum(sum(s.loss_mask) for s in samples)
     if samples:
+        nucleus = Nucleus(cfg.orchestrator.sampling.top_p, cfg.orchestrator.sampling.top_k)
         pass_loss = policy_gradient_loss(
-            model, samples, cfg.trainer.loss, max(1, loss_tokens), cfg.trainer.logits_chunk_size
+            model, samples, cfg.trainer.loss, max(1, loss_tokens), cfg.trainer.logits_chunk_size, nucleus
         )
         step_stats = forward_backward_step(model, samples, pass_loss, trainer.passes, dp)
+        step_stats |= effective_sample_size(step_stats)
         loss = step_stats.pop("loss")
         t_backward = time.perf_counter()
         grad_norm, lr = trainer.optimizer_step(step, signal=any(s.advantage != 0 for s in samples))
@@ -171,15 +174,17 @@ def policy_gradient_loss(
     cfg: LossConfig,
     loss_tokens: int,
     chunk_size: int = DEFAULT_LOGITS_CHUNK_SIZE,
+    nucleus: Nucleus = EVERY_TOKEN,
 ) -> PassLoss:
     """The policy loss (loss.py) of one forward pass, as its share of the loss of the step's `samples`,
     and its stats: means over the pass's loss tokens weighted by its share of the step's
-    `loss_tokens`, so that they add up over the passes of all ranks to the step's means."""
+    `loss_tokens`, so that they add up over the passes of all ranks to the step's means. `nucleus`:
+    the tokens vLLM sampled from (top_k, top_p)."""
     # Fixed from the whole step, so that the passes' losses add up to the step's loss.
     norm = LossNorm.for_step(cfg, samples)
 
     def pass_loss(batch: MicroBatch | PackedBatch) -> tuple[torch.Tensor, dict[str, float]]:
-        loss, stats = micro_batch_loss(model, batch, cfg, norm, chunk_size)
+        loss, stats = micro_batch_loss(model, batch, cfg, norm, chunk_size, nucleus)
         weight = batch.loss_mask.sum().item() / loss_tokens
         return loss, {key: value.item() * weight for key, value in stats.items()}
 

@@ -32,6 +32,11 @@ LOW, HIGH = 0.2, 0.28
 # Mismatch weights exp(NEW - OLD), token by token: only e^0.5 = 1.65 (of 8 loss tokens) is above CAP;
 # per sample (products): e^0.4 = 1.49 (3 loss tokens) is, e^-0.7 = 0.50 and e^0.1 = 1.11 are not.
 CAP = 1.3
+# IcePop's lower bound: e^-0.7 = 0.50 is below it, per token (1 loss token) and per sample (2).
+LOW_W = 0.6
+# Geometric-mean sample weights e^(0.4/3) = 1.14, e^-0.35 = 0.70, e^(0.1/3) = 1.03: only the second
+# sample (2 loss tokens) is outside [1/GEO, GEO].
+GEO = 1.2
 # The policy's entropy at each target.
 ENT = [[0.9, 1.4, 0.2], [2.0, 0.7, 1.1], [0.5, 1.6, 0.8], [1.0, 1.0, 1.0]]
 # The built-in token-level clip loss as a custom loss_fn (token_clip_loss below).
@@ -87,8 +92,12 @@ def reference_loss(new, old, mask, adv, cfg: LossConfig, *, frozen=None, ref=Non
                 w = math.exp(sum(frozen[i][u] - old[i][u] for u in loss_tokens))
             else:
                 w = math.exp(frozen[i][t] - old[i][t])
-            cap = cfg.mismatch_cap
-            c = {"none": 1.0, "tis": min(w, cap), "mis": w if w <= cap else 0.0}[cfg.mismatch_correction]
+            low = cfg.mismatch_low if cfg.mismatch_correction == "icepop" else 0.0
+            kept = w if low <= w <= cfg.mismatch_cap else 0.0
+            c = {"none": 1.0, "tis": min(w, cfg.mismatch_cap), "mis": kept, "icepop": kept}[cfg.mismatch_correction]
+            geo = math.exp(sum(frozen[i][u] - old[i][u] for u in loss_tokens) / len(loss_tokens))
+            if cfg.mismatch_geo_mask is not None and not 1 / cfg.mismatch_geo_mask <= geo <= cfg.mismatch_geo_mask:
+                c = 0.0
             row += c * g
             if ref is not None:
                 d = ref[i][t] - new[i][t]
@@ -156,6 +165,11 @@ VARIANTS += [
     for norm in ("token", "sequence", "constant")
 ]
 VARIANTS += [
+    *({"mismatch_correction": "icepop", "mismatch_level": level, "mismatch_cap": CAP, "mismatch_low": LOW_W,
+       "kl_coef": 0.3} for level in ("token", "sequence")),
+    *({"mismatch_correction": c, "mismatch_geo_mask": GEO, "mismatch_cap": CAP, "mismatch_low": LOW_W,
+       "norm": "sequence"} for c in ("none", "tis", "icepop")),
+    {"mismatch_geo_mask": GEO, "ratio_level": "sequence", "ratio_mode": "cispo"},
     {"mismatch_correction": "tis", "mismatch_cap": CAP, "ratio_level": "sequence", "ratio_mode": "mask"},
     {"mismatch_correction": "mis", "mismatch_level": "sequence", "mismatch_cap": CAP, "ratio_mode": "cispo"},
     *({"entropy_coef": 0.05, "norm": norm} for norm in ("token", "sequence", "constant")),
@@ -211,17 +225,24 @@ def test_policy_loss_and_its_gradient_match_a_direct_computation(variant: dict) 
     if cfg.mismatch_correction != "none":
         # The trust region's ratio pi_trainer / pi_old is 1; the mismatch weights as in the comment at CAP.
         assert stats["ratio/mean"].item() == 1.0 and stats["ratio/out_of_range_frac"].item() == 0.0
-        flagged = 1 / 8 if cfg.mismatch_level == "token" else 3 / 8
+        # Flagged loss tokens (token level, sequence level), as in the comments at CAP and LOW_W.
+        flagged = {"tis": (1, 3), "mis": (1, 3), "icepop": (2, 5)}[cfg.mismatch_correction]
+        key = "mismatch/capped_frac" if cfg.mismatch_correction == "tis" else "mismatch/masked_frac"
+        expected_frac = flagged[cfg.mismatch_level == "sequence"] / 8
+        assert math.isclose(stats[key].item(), expected_frac, rel_tol=1e-6)
+    if cfg.mismatch_correction != "none" or cfg.mismatch_geo_mask is not None:
         if cfg.mismatch_level == "token":
             w = [math.exp(n - o) for n, o in on_loss_tokens(NEW, OLD)]
         else:
             w = [math.exp(0.4)] * 3 + [math.exp(-0.7)] * 2 + [math.exp(0.1)] * 3
-        if cfg.mismatch_correction == "tis":
-            assert math.isclose(stats["mismatch/capped_frac"].item(), flagged, rel_tol=1e-6)
-            applied = [min(x, CAP) for x in w]
-        else:
-            assert math.isclose(stats["mismatch/masked_frac"].item(), flagged, rel_tol=1e-6)
-            applied = [x if x <= CAP else 0.0 for x in w]
+        bounds = {"none": (0.0, math.inf), "tis": (0.0, math.inf), "mis": (0.0, CAP), "icepop": (LOW_W, CAP)}
+        low, high = bounds[cfg.mismatch_correction]
+        applied = [min(x, CAP) if cfg.mismatch_correction == "tis" else x if low <= x <= high else 0.0 for x in w]
+        if cfg.mismatch_correction == "none":
+            applied = [1.0] * 8
+        if cfg.mismatch_geo_mask is not None:
+            applied[3:5] = [0.0, 0.0]  # the second sample's, as in the comment at GEO
+            assert math.isclose(stats["mismatch/geo_masked_frac"].item(), 2 / 8, rel_tol=1e-6)
         assert math.isclose(stats["mismatch/weight_mean"].item(), sum(applied) / 8, rel_tol=1e-6)
     else:
         assert not any(k.startswith(("mismatch/capped", "mismatch/masked", "mismatch/weight")) for k in stats)
@@ -448,8 +469,9 @@ def test_a_custom_loss_that_is_the_clip_loss_gives_the_built_in_loss_and_gradien
     assert torch.equal(custom_grad, grad) and grad.abs().sum() > 0
     assert custom_stats["loss_fn/clipped_frac"].item() == stats["ratio/out_of_range_frac"].item()
     # The built-in stats that are not of the built-in ratio are there still.
-    assert custom_stats.keys() == {"mismatch/logprob_abs_diff", "mismatch/kl", "loss_fn/clipped_frac", "entropy"}
-    for key in ("mismatch/logprob_abs_diff", "mismatch/kl", "entropy"):
+    diagnostics = {"mismatch/logprob_abs_diff", "mismatch/kl", "mismatch/is_weight_mean", "mismatch/is_weight_sq_mean"}
+    assert custom_stats.keys() == {*diagnostics, "loss_fn/clipped_frac", "entropy"}
+    for key in (*diagnostics, "entropy"):
         assert custom_stats[key].item() == stats[key].item()
 
 
@@ -480,6 +502,8 @@ def test_loss_fn_is_checked_for_the_module_function_form_at_config_load(value: s
 def test_a_custom_loss_does_not_take_a_mismatch_correction() -> None:
     with pytest.raises(ValueError, match="would correct twice"):
         LossConfig(loss_fn=CUSTOM_CLIP, mismatch_correction="tis")
+    with pytest.raises(ValueError, match="leave mismatch_geo_mask out"):
+        LossConfig(loss_fn=CUSTOM_CLIP, mismatch_geo_mask=1.01)
 
 
 @pytest.mark.parametrize("correction", ["tis", "mis"])
