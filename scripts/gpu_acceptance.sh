@@ -8,13 +8,15 @@
 # (mismatch/logprob_abs_diff), the hand-off latency (perf/adapter_live_s) and the trainer's peak
 # memory, then each process's peak memory (nvidia-smi, polled every second) against the plan
 # (scripts/gpu_acceptance_report.py). The 0.6B runs LoRA rank 8, the 4B rank 64 on the 7
-# projections (a 132M-parameter adapter to write, load and checkpoint every step).
+# projections (a 132M-parameter adapter to write, load and checkpoint every step). MODELS=moe (what
+# scripts/gpu_moe_acceptance.sh runs) is a small random Qwen3-MoE (4 layers of 8 experts, top-2) with LoRA
+# on attention and every expert, served by vLLM in PEFT's fused layout (docs/moe.md).
 #
 #   bash scripts/gpu_acceptance.sh             # 2+ GPUs: vLLM on GPU 0, the trainer on GPU 1
 #                                              # 1 GPU: both on GPU 0 (inference.colocate_with_trainer)
 #   bash scripts/gpu_acceptance.sh --dry-run   # anywhere, no GPU: each run's placement and memory plan
 #                                              # on one pretended GPU, the shapes named by hub id
-#   MODELS="0.6B" STEPS=3 MAX_TOKENS=1024 PY=/path/to/python OUT_DIR=/tmp/acc bash scripts/gpu_acceptance.sh
+#   MODELS="0.6B" STEPS=3 MAX_TOKENS=1024 PY=/path/to/python OUT_DIR=/tmp/acc PORT=8200 bash scripts/gpu_acceptance.sh
 #
 # Needs the GPU build (`scripts/setup.sh` on a GPU machine installs `vllm`) and nvidia-smi.
 set -euo pipefail
@@ -48,27 +50,31 @@ else
     pretend=()
 fi
 
-# name, hub shape, LoRA rank, micro-batch size (16 rollouts a step, 4 x 4)
+# name, hub shape (or "moe": lorarl.tiny_model's MoE), LoRA rank, micro-batch size (16 rollouts a step, 4 x 4)
 shape_of() {
     case $1 in
         0.6B) echo "Qwen/Qwen3-0.6B 8 16" ;;
         4B) echo "Qwen/Qwen3-4B 64 4" ;;
-        *) echo "gpu_acceptance: unknown model $1 in MODELS (0.6B, 4B)" >&2; return 1 ;;
+        moe) echo "moe 8 16" ;;
+        *) echo "gpu_acceptance: unknown model $1 in MODELS (0.6B, 4B, moe)" >&2; return 1 ;;
     esac
 }
 
 # The model of $1 (hub shape $2): its bfloat16 random-weight folder; for a dry run the hub id itself,
 # whose shape lorarl's memory plan knows without the hub (a start's checks refuse a folder without
-# weights, and the 4B's would be 8 GB to build just for a plan).
+# weights, and the 4B's would be 8 GB to build just for a plan). The MoE has no hub id: it is built
+# (63M parameters, seconds of CPU) for a dry run too.
 model_of() {
-    if $dry_run; then echo "$2"; else echo "$OUT_DIR/models/$1"; fi
+    if $dry_run && [[ $2 != moe ]]; then echo "$2"; else echo "$OUT_DIR/models/$1"; fi
 }
 
 # Build model $1 of hub shape $2 unless its folder has it; the log in the folder's parent.
 build_model() {
-    local folder=$OUT_DIR/models/$1
+    local folder=$OUT_DIR/models/$1 shape=(--shape "$2" --dtype bfloat16)
+    # vLLM's GPU attention and MoE kernels take head_dim 128; float32 weights, run in bfloat16.
+    [[ $2 != moe ]] || shape=(--hidden-size 1024 --head-dim 128 --num-layers 4 --num-experts 8)
     compgen -G "$folder/*.safetensors" >/dev/null ||
-        "$PY" -m lorarl.tiny_model "$folder" --shape "$2" --dtype bfloat16 > "$folder.build.log" 2>&1
+        "$PY" -m lorarl.tiny_model "$folder" "${shape[@]}" > "$folder.build.log" 2>&1
 }
 
 # The `rl` flags of one model's run.
@@ -82,6 +88,7 @@ rl_flags() {
            --trainer.micro_batch_size "$micro" --trainer.ckpt.interval 1
            --output_dir "$OUT_DIR" --run_name "qwen3-$name" --overwrite
            "--inference.extra_args=--enforce-eager")  # eager: no CUDA graph capture at start
+    [[ -z ${PORT:-} ]] || flags+=(--inference.port "$PORT")  # another than the quickstart's
     if [[ $gpus -eq 1 ]]; then
         # vLLM takes 0.3 of the GPU (the 4B's weights and a KV cache of ~200 sequences), the trainer the rest.
         flags+=(--inference.colocate_with_trainer --inference.gpu_memory_utilization 0.3)
@@ -110,7 +117,7 @@ mkdir -p "$OUT_DIR/models"
 declare -A builds
 for name in $MODELS; do
     read -r shape _ _ < <(shape_of "$name") || exit 2
-    $dry_run && continue
+    [[ $(model_of "$name" "$shape") == "$shape" ]] && continue  # a dry run's hub id: nothing to build
     build_model "$name" "$shape" &
     builds[$name]=$!
 done
@@ -118,7 +125,7 @@ failed=0
 for name in $MODELS; do
     read -r shape rank micro < <(shape_of "$name")
     folder=$(model_of "$name" "$shape")
-    $dry_run || wait "${builds[$name]}" || { echo "gpu_acceptance: building $folder failed: $folder.build.log" >&2; exit 1; }
+    [[ -z ${builds[$name]:-} ]] || wait "${builds[$name]}" || { echo "gpu_acceptance: building $folder failed: $folder.build.log" >&2; exit 1; }
     echo "== qwen3-$name ($shape shape, random weights, $folder): placement and memory plan"
     rl_flags "$name" "$folder" "$rank" "$micro"
     # A hub id passes the checks only where a hub may be reached (none is asked: the shape is lorarl's).

@@ -14,6 +14,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
+# The fused MoE expert parameters PEFT puts LoRA on (transformers 5's layout: Qwen3-MoE and kin) and
+# vLLM loads in that layout: the experts' gate and up projections as one tensor, and down_proj.
+FUSED_EXPERT_LORA = ("gate_up_proj", "down_proj")
+
 _QWEN3_COMMON: dict[str, Any] = {
     "architectures": ["Qwen3ForCausalLM"],
     "model_type": "qwen3",
@@ -56,6 +60,24 @@ HUB_CONFIGS: dict[str, dict[str, Any]] = {
     "Qwen/Qwen3-32B": _qwen3(5120, 25600, 64, 64, False),
     "Qwen/Qwen3-4B-Instruct-2507": _QWEN3_4B_2507,
     "Qwen/Qwen3-4B-Thinking-2507": _QWEN3_4B_2507,
+    # 128 experts of width 768 in each of its 48 layers, 8 of them per token: 30.5B parameters, 3.3B active.
+    "Qwen/Qwen3-30B-A3B": _qwen3(
+        2048,
+        6144,
+        48,
+        32,
+        False,
+        architectures=["Qwen3MoeForCausalLM"],
+        model_type="qwen3_moe",
+        num_key_value_heads=4,
+        moe_intermediate_size=768,
+        num_experts=128,
+        num_experts_per_tok=8,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        norm_topk_prob=True,
+        router_aux_loss_coef=0.001,
+    ),
     # Qwen2.5-Math-7B's shape (Qwen2: biased q/k/v, no head_dim key: hidden_size / heads = 128).
     "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B": {
         "architectures": ["Qwen2ForCausalLM"],

@@ -9,6 +9,11 @@ it like any other (vLLM's CPU attention needs head_dim >= 32, hence 32 by defaul
 
 The second is the 24M-parameter model of the throughput benchmark (scripts/benchmark_throughput.py).
 
+`--num-experts` builds a Qwen3-MoE instead (every layer a sparse block of that many experts, top-2), on
+which expert LoRA is trained and served (docs/moe.md; scripts/gpu_moe_acceptance.sh):
+
+    python -m lorarl.tiny_model outputs/models/tiny-qwen3-moe --num-experts 4
+
 `--shape` builds a model of a published hub model's exact config (lorarl/model_shapes.py: Qwen3-0.6B,
 1.7B, 4B, ...) with random weights and this local tokenizer; its vocabulary stays the published one
 (151,936 for Qwen3), larger than the tokenizer's 259 tokens as real Qwen3's is larger than its own
@@ -25,6 +30,7 @@ from __future__ import annotations
 import argparse
 import string
 from pathlib import Path
+from typing import Any
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -37,6 +43,8 @@ from transformers import (
     PreTrainedTokenizerFast,
     Qwen3Config,
     Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
 )
 
 from lorarl.model_shapes import HUB_CONFIGS, transformers_config
@@ -150,6 +158,28 @@ def shape_config(shape: str, eos_token_id: int, pad_token_id: int, num_layers: i
     )
 
 
+def tiny_config(
+    vocab_size: int, eos_token_id: int, pad_token_id: int, hidden_size: int, num_layers: int, head_dim: int
+) -> dict[str, Any]:
+    """The tiny model's config values, dense or MoE: its widths, attention heads and special tokens."""
+    return {
+        "vocab_size": vocab_size,
+        "hidden_size": hidden_size,
+        "intermediate_size": 3 * hidden_size,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": hidden_size // head_dim,
+        "num_key_value_heads": max(1, hidden_size // head_dim // 2),
+        "head_dim": head_dim,
+        "max_position_embeddings": 2048,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+        "tie_word_embeddings": True,
+        "eos_token_id": eos_token_id,
+        "pad_token_id": pad_token_id,
+        "bos_token_id": None,
+        "dtype": "float32",
+    }
+
+
 def build_model(
     vocab_size: int,
     eos_token_id: int,
@@ -159,24 +189,35 @@ def build_model(
     seed: int = 0,
     head_dim: int = 32,
 ) -> Qwen3ForCausalLM:
-    config = Qwen3Config(
-        vocab_size=vocab_size,
-        hidden_size=hidden_size,
-        intermediate_size=3 * hidden_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=hidden_size // head_dim,
-        num_key_value_heads=max(1, hidden_size // head_dim // 2),
-        head_dim=head_dim,
-        max_position_embeddings=2048,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-        tie_word_embeddings=True,
-        eos_token_id=eos_token_id,
-        pad_token_id=pad_token_id,
-        bos_token_id=None,
-        dtype="float32",
-    )
+    config = Qwen3Config(**tiny_config(vocab_size, eos_token_id, pad_token_id, hidden_size, num_layers, head_dim))
     torch.manual_seed(seed)
     return Qwen3ForCausalLM(config)
+
+
+def build_moe_model(
+    vocab_size: int,
+    eos_token_id: int,
+    pad_token_id: int,
+    num_experts: int,
+    hidden_size: int = 128,
+    num_layers: int = 4,
+    seed: int = 0,
+    head_dim: int = 32,
+) -> Qwen3MoeForCausalLM:
+    """A Qwen3-MoE of the tiny model's widths: every layer a sparse block of `num_experts` experts
+    (top-2) of width hidden_size / 2, so that an expert's fused gate_up_proj (2 x width) and its
+    down_proj (hidden_size) differ in shape and a layout mix-up cannot pass unnoticed."""
+    config = Qwen3MoeConfig(
+        **tiny_config(vocab_size, eos_token_id, pad_token_id, hidden_size, num_layers, head_dim),
+        moe_intermediate_size=hidden_size // 2,
+        num_experts=num_experts,
+        num_experts_per_tok=2,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        norm_topk_prob=True,
+    )
+    torch.manual_seed(seed)
+    return Qwen3MoeForCausalLM(config)
 
 
 def random_model(config: PretrainedConfig, seed: int = 0, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
@@ -210,12 +251,18 @@ def save_tiny_model(
     seed: int = 0,
     head_dim: int = 32,
     vocab_size: int | None = None,
+    num_experts: int = 0,
 ) -> Path:
-    """The tiny model (a custom shape), its vocabulary the tokenizer's unless `vocab_size` is given."""
+    """The tiny model (a custom shape), its vocabulary the tokenizer's unless `vocab_size` is given;
+    with `num_experts` a Qwen3-MoE of that many experts."""
     tokenizer = build_tokenizer()
     eos, pad = special_ids(tokenizer)
     vocab = len(tokenizer) if vocab_size is None else vocab_size
-    return save_model(out, build_model(vocab, eos, pad, hidden_size, num_layers, seed, head_dim), tokenizer)
+    shape = (hidden_size, num_layers, seed, head_dim)
+    if num_experts:
+        return save_model(out, build_moe_model(vocab, eos, pad, num_experts, *shape), tokenizer)
+    model = build_model(vocab, eos, pad, *shape)
+    return save_model(out, model, tokenizer)
 
 
 def save_shaped_model(
@@ -251,13 +298,16 @@ def main() -> None:
     custom.add_argument("--hidden-size", type=int)
     custom.add_argument("--head-dim", type=int, help="at least 32 (vLLM's CPU attention)")
     custom.add_argument("--vocab-size", type=int, help="default: the tokenizer's 259")
+    custom.add_argument("--num-experts", type=int, default=0, help="a Qwen3-MoE of this many experts (top-2)")
     shaped = parser.add_argument_group("with --shape")
     shaped.add_argument("--dtype", choices=sorted(DTYPES), help="of the weights written (default float32)")
     shaped.add_argument("--config-only", action="store_true", help="no weights (for --dry-run)")
     args = parser.parse_args()
     if args.shape is not None:
-        if any(v is not None for v in (args.hidden_size, args.head_dim, args.vocab_size)):
-            parser.error("--hidden-size, --head-dim and --vocab-size are the tiny model's; --shape fixes them")
+        if any(v is not None for v in (args.hidden_size, args.head_dim, args.vocab_size)) or args.num_experts:
+            parser.error(
+                "--hidden-size, --head-dim, --vocab-size and --num-experts are the tiny model's; --shape fixes them"
+            )
         dtype = DTYPES[args.dtype or "float32"]
         save_shaped_model(args.out, args.shape, dtype, args.seed, args.num_layers, not args.config_only)
     elif args.dtype is not None or args.config_only:
@@ -268,7 +318,7 @@ def main() -> None:
             "head_dim": args.head_dim or 32,
             "num_layers": args.num_layers or 4,
         }
-        save_tiny_model(args.out, seed=args.seed, vocab_size=args.vocab_size, **shape)
+        save_tiny_model(args.out, seed=args.seed, vocab_size=args.vocab_size, num_experts=args.num_experts, **shape)
     with torch.device("meta"):
         n = sum(p.numel() for p in AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(args.out)).parameters())
     print(f"wrote {args.out} ({n / 1e6:.2f}M parameters{', config only' if args.config_only else ''})")

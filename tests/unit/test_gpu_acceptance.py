@@ -15,13 +15,22 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "gpu_acceptance.sh"
 
 
-def run_script(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OUT_DIR": str(out), "PY": sys.executable, "CUDA_VISIBLE_DEVICES": ""}
-    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=env, cwd=REPO, check=False)
+def run_script(out: Path, *args: str, script: Path = SCRIPT) -> subprocess.CompletedProcess[str]:
+    # A free port: the dry run checks it, and the quickstart's may be taken by a test's vLLM server.
+    env = {
+        **os.environ,
+        "OUT_DIR": str(out),
+        "PY": sys.executable,
+        "CUDA_VISIBLE_DEVICES": "",
+        "PORT": str(free_port()),
+    }
+    return subprocess.run(["bash", str(script), *args], capture_output=True, text=True, env=env, cwd=REPO, check=False)
 
 
 @pytest.fixture(scope="module")

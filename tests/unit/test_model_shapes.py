@@ -18,6 +18,7 @@ PUBLISHED = {
     "Qwen/Qwen3-32B": (32.8, 31.2),
     "Qwen/Qwen3-4B-Instruct-2507": (4.0, 3.6),
     "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B": (7.6, 6.5),
+    "Qwen/Qwen3-30B-A3B": (30.5, 29.9),
 }
 
 

@@ -90,10 +90,11 @@ class LoraConfig(Section):
     MoE: transformers 5 stores experts as fused 3D parameters, not linear layers; on Qwen3-MoE (and
     the other MoE models PEFT converts from their transformers 4 layout) PEFT maps gate_proj + up_proj
     onto mlp.experts.gate_up_proj at rank 2r and down_proj onto mlp.experts.down_proj, one LoRA per
-    expert ("all-linear" adds the router mlp.gate). `sft` trains those; the `rl` trainer refuses them
-    before step 0, because vLLM loads that fused layout only with `--enable-mixed-moe-lora-format` and
-    `is_3d_lora_weight` on each load request, which the orchestrator does not send: for RL on MoE use
-    target_modules = ["q_proj", "k_proj", "v_proj", "o_proj"]."""
+    expert; the router (mlp.gate) stays frozen unless targeted ("all-linear" adds it). `sft` and `rl`
+    train them; `rl` serves them through vLLM in that fused layout (--enable-mixed-moe-lora-format,
+    --max-lora-rank 2r, is_3d_lora_weight on each load), which needs a GPU build of vLLM: on the CPU it
+    refuses expert LoRA before anything starts. `rl` needs gate_proj, up_proj and down_proj targeted
+    together or not at all (vLLM reads one alone wrongly; docs/moe.md)."""
     exclude_modules: list[str] | str = []
     """Modules left out of target_modules, in the same form: a list of module names or dotted suffixes,
     or a regex string; []: none left out."""

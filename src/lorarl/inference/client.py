@@ -24,9 +24,12 @@ import json as json_lib
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
+
+from lorarl.model_shapes import FUSED_EXPERT_LORA
 
 # The server closes idle keep-alive connections after 5 s: a request racing that close fails with
 # a disconnect, and is safe to send again.
@@ -34,6 +37,16 @@ _RETRYABLE = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
 
 
 log = logging.getLogger("lorarl.inference")
+
+
+def fused_expert_lora(folder: str) -> bool:
+    """Whether the adapter in `folder` (as this machine sees it) holds PEFT's fused MoE expert LoRA,
+    which vLLM reads only when the load request says is_3d_lora_weight (docs/moe.md)."""
+    config = Path(folder) / "adapter_config.json"
+    if not config.is_file():
+        return False  # the server names what is wrong with the folder
+    targets = json_lib.loads(config.read_text()).get("target_parameters") or []
+    return any(t.rpartition(".")[2] in FUSED_EXPERT_LORA for t in targets)
 
 
 class InferenceError(RuntimeError):
@@ -147,8 +160,11 @@ class InferenceClient:
     async def load_adapter(self, name: str, path: str, replace: bool = False) -> None:
         """Load the adapter in folder `path` as `name`. A name the server already serves raises
         `AdapterNameTaken`, unless `replace` (the caller knows that adapter is its own, or its run ended)."""
+        fused = fused_expert_lora(path)  # read here, where `path` is this machine's
         path = self._server_path(path)
-        body = {"lora_name": name, "lora_path": path}
+        body: dict[str, Any] = {"lora_name": name, "lora_path": path}
+        if fused:  # PEFT's fused layout, which vLLM reads with --enable-mixed-moe-lora-format
+            body["is_3d_lora_weight"] = True
         status, text = await self._request("POST", "/v1/load_lora_adapter", body)
         if status == 400 and "already been loaded" in text:
             if not replace:

@@ -9,6 +9,7 @@ import sys
 
 from lorarl.config.models import VLLM_LORA_RANKS, RLConfig
 from lorarl.inference.cpu_cores import pinned, worker_cores
+from lorarl.launcher.memory_plan import expert_lora
 from lorarl.launcher.placement import visible_gpus
 
 # vLLM worker extensions, imported by the worker processes only (they import vLLM): full fine-tuning's,
@@ -20,6 +21,21 @@ CPU_LORA_EXTENSION = "lorarl.inference.cpu_lora.CpuLoRA"
 def vllm_max_lora_rank(rank: int) -> int:
     """The smallest rank vLLM's --max-lora-rank accepts that holds `rank`."""
     return next(r for r in VLLM_LORA_RANKS if r >= rank)
+
+
+def serves_expert_lora(cfg: RLConfig) -> bool:
+    """Whether an adapter of the run (a variant's too) puts LoRA on an MoE model's fused experts, which
+    vLLM loads in PEFT's layout only with --enable-mixed-moe-lora-format (docs/moe.md)."""
+    if cfg.model.full_finetune:
+        return False
+    return any(expert_lora(c.model.name, c.lora) for c in [c for _, c in cfg.variant_configs()] or [cfg])
+
+
+def served_lora_rank(cfg: RLConfig) -> int:
+    """vLLM's --max-lora-rank for the run: room for the largest adapter's rank, twice that with expert
+    LoRA (PEFT gives the fused gate_up_proj rank 2r, and vLLM refuses an adapter whose rank_pattern
+    exceeds --max-lora-rank)."""
+    return vllm_max_lora_rank(cfg.max_lora_rank * (2 if serves_expert_lora(cfg) else 1))
 
 
 def worker_urls(cfg: RLConfig, hosts: list[str] | None = None) -> list[str]:
@@ -58,10 +74,12 @@ def vllm_command(cfg: RLConfig, worker: int = 0, host: str | None = None) -> lis
 
 def lora_args(cfg: RLConfig) -> list[str]:
     """Serving the adapters: every variant's ([[variants]]) share the server, so room for the largest
-    rank and all their slots; on a CPU, with LoRA ops whose cost does not grow with that rank."""
+    rank and all their slots; on a CPU, with LoRA ops whose cost does not grow with that rank; with
+    expert LoRA, the flag that loads PEFT's fused expert layout (docs/moe.md)."""
     max_loras = [] if cfg.inference.given_max_loras is not None else ["--max-loras", str(cfg.adapter_slots)]
     cpu_ops = ["--worker-extension-cls", CPU_LORA_EXTENSION] if visible_gpus(cfg) == 0 else []
-    return ["--enable-lora", "--max-lora-rank", str(vllm_max_lora_rank(cfg.max_lora_rank)), *max_loras, *cpu_ops]
+    experts = ["--enable-mixed-moe-lora-format"] if serves_expert_lora(cfg) else []
+    return ["--enable-lora", "--max-lora-rank", str(served_lora_rank(cfg)), *max_loras, *cpu_ops, *experts]
 
 
 def vllm_env(cfg: RLConfig, gpus: str | None = None) -> dict[str, str]:

@@ -208,21 +208,30 @@ class AdapterError(ValueError):
 
 def adapter_parameters(name: str, lora: LoraConfig) -> int:
     """Parameters of the LoRA adapter `lora` on model `name`, counted after PEFT wraps a meta model
-    (an init_adapter is counted from [model.lora]'s settings, which it must match)."""
-    return _adapter_parameters(name, lora.model_dump_json())
+    (an init_adapter is counted from [model.lora]'s settings, which it must match). Fused MoE experts
+    count at PEFT's ranks: gate_up_proj at 2r, down_proj at r, per expert."""
+    return _meta_adapter(name, lora.model_dump_json())[0]
+
+
+def expert_lora(name: str, lora: LoraConfig) -> list[str]:
+    """The fused MoE expert parameters `lora` puts LoRA on in model `name` (trainer.model's
+    fused_expert_parameters, on a meta model), e.g. ["down_proj", "gate_up_proj"]; [] for a dense model,
+    LoRA on attention alone, or a model whose config cannot be found."""
+    return [] if model_config(name) is None else _meta_adapter(name, lora.model_dump_json())[1]
 
 
 @functools.cache
-def _adapter_parameters(name: str, lora_json: str) -> int:
-    from lorarl.trainer.model import apply_lora
+def _meta_adapter(name: str, lora_json: str) -> tuple[int, list[str]]:
+    from lorarl.trainer.model import apply_lora, fused_expert_parameters
 
     found = model_config(name)
     assert found is not None, "model_shape(name) first"
     lora = LoraConfig.model_validate_json(lora_json).model_copy(update={"init_adapter": None})
     try:
-        return _count(apply_lora(meta_model(found[0]), lora), trainable=True)
+        model = apply_lora(meta_model(found[0]), lora)
     except ValueError as e:  # target_modules that adapt nothing: the trainer would die at start
         raise AdapterError(str(e)) from None
+    return _count(model, trainable=True), fused_expert_parameters(model)
 
 
 # ---- the estimates ----------------------------------------------------------------------------
@@ -395,12 +404,12 @@ def _vllm_plan(cfg: RLConfig, shape: ModelShape, slot: Slot, device_gib: float, 
     if not on_gpu:
         parts = [Part("weights", shape.parameters * b / GIB), Part("KV cache", float(inf.kv_cache_gib))]
         return ProcessPlan(slot.name, slot.devices, parts, None, extra=" (inference.kv_cache_gib)")
-    from lorarl.inference.server import vllm_max_lora_rank
+    from lorarl.inference.server import served_lora_rank
 
     lora = 0
     if not cfg.model.full_finetune:
         per_rank = adapter_parameters(shape.name, cfg.lora) / cfg.lora.rank  # linear in the rank
-        lora = round(per_rank * vllm_max_lora_rank(cfg.max_lora_rank) * (inf.given_max_loras or cfg.adapter_slots))
+        lora = round(per_rank * served_lora_rank(cfg) * (inf.given_max_loras or cfg.adapter_slots))
     budget = inf.memory_fraction * device_gib
     parts, kv_per_token = vllm_parts(shape, b, inf.tensor_parallel_size, lora, budget)
     kv_gib = budget - sum(p.gib for p in parts[:-1])

@@ -34,6 +34,7 @@ from lorarl.launcher.bundles import plan_bundles, ray_placement
 from lorarl.launcher.memory_plan import (
     AdapterError,
     MemoryPlan,
+    expert_lora,
     meta_model,
     model_config,
     rl_memory_plan,
@@ -79,6 +80,7 @@ def check_rl(cfg: RLConfig, gpus: int) -> Placement:
         try:
             check_adapter(adapter_cfg)
             check_model_loads(adapter_cfg.model, placement.on_gpu)
+            check_expert_lora_served(adapter_cfg, placement)
             check_prompts(adapter_cfg, user_code=not cfg.dry_run)
         except PreflightError as e:
             raise PreflightError(f"{where}{e}") from None
@@ -100,6 +102,24 @@ def check_adapter(cfg: RLConfig) -> None:
     check_environments(cfg)
     check_function(cfg.trainer.loss.loss_fn, "trainer.loss.loss_fn", "loss")
     check_function(cfg.orchestrator.advantage.fn, "orchestrator.advantage.fn", "advantage")
+
+
+def check_expert_lora_served(cfg: RLConfig, placement: Placement) -> None:
+    """vLLM serves LoRA on an MoE model's experts only with its Triton MoE LoRA kernels, which its CPU
+    build lacks (docs/moe.md): refused where rl would start vLLM on the CPU."""
+    if cfg.model.full_finetune or cfg.inference.urls or placement.gpus > 0:
+        return
+    try:
+        experts = expert_lora(cfg.model.name, cfg.lora)
+    except AdapterError as e:
+        raise PreflightError(str(e)) from None
+    if experts:
+        raise PreflightError(
+            f"[model.lora] target_modules puts LoRA on the experts of the MoE model {cfg.model.name} "
+            f"({', '.join(experts)}), and serving expert LoRA needs a GPU build of vLLM (its Triton MoE LoRA "
+            "kernels), but rl would start vLLM on the CPU here: run on a GPU machine, or leave the experts out, "
+            'e.g. target_modules = ["q_proj", "k_proj", "v_proj", "o_proj"]'
+        )
 
 
 def check_cluster(cfg: RLConfig) -> None:

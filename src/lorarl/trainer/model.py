@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import resource
 import sys
+import warnings
 from pathlib import Path
 
 import peft
 import torch
+from peft.tuners.lora.layer import ParamWrapper
 from peft.utils.error import NoMatchingPeftModuleError
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from lorarl.config.models import LoraConfig, ModelConfig
+from lorarl.model_shapes import FUSED_EXPERT_LORA
 from lorarl.trainer import attention  # noqa: F401  (registers "packed_sdpa" with transformers)
 
 TrainedModel = PreTrainedModel | peft.PeftModel  # every weight trained, or a LoRA adapter on a frozen base
@@ -51,10 +54,14 @@ def apply_lora(model: TrainedModel, cfg: LoraConfig, adapter_name: str = "defaul
         return peft.PeftModel.from_pretrained(model, str(cfg.init_adapter), adapter_name, is_trainable=True)
     linear_names = sorted({n.rpartition(".")[2] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
     try:
-        if isinstance(model, peft.PeftModel):
-            model.add_adapter(adapter_name, peft_lora_config(cfg))
-            return model
-        return peft.get_peft_model(model, peft_lora_config(cfg), adapter_name=adapter_name)
+        with warnings.catch_warnings():
+            # On MoE experts PEFT sets itself the rank_pattern/alpha_pattern of the fused gate_up_proj (2r),
+            # then warns that they match no module (they match its parameter): nothing for the user to do.
+            warnings.filterwarnings("ignore", r"The following (rank|alpha)_pattern keys did not match", RuntimeWarning)
+            if isinstance(model, peft.PeftModel):
+                model.add_adapter(adapter_name, peft_lora_config(cfg))
+                return model
+            return peft.get_peft_model(model, peft_lora_config(cfg), adapter_name=adapter_name)
     except NoMatchingPeftModuleError as e:
         excluded = f" (exclude_modules = {cfg.exclude_modules!r})" if cfg.exclude_modules else ""
         raise ValueError(
@@ -82,24 +89,38 @@ def save_adapter(model: peft.PeftModel, folder: Path, state_dict: dict[str, torc
         nested.rmdir()
 
 
-def check_vllm_can_serve(model: peft.PeftModel) -> None:
-    """Refuse an adapter that vLLM would not load when the orchestrator hands it over.
+def fused_expert_parameters(model: peft.PeftModel) -> list[str]:
+    """The fused 3D expert parameters the model's adapters put LoRA on (e.g. ["down_proj", "gate_up_proj"]).
 
-    On MoE models whose experts transformers 5 stores as fused 3D parameters (Qwen3-MoE and the
-    other models PEFT converts from their transformers 4 layout), PEFT turns the expert projections
-    named in target_modules into `target_parameters`: one fused LoRA per expert tensor. vLLM 0.32
-    serves Qwen3-MoE expert LoRA in its per-expert layout; the fused one needs vLLM's
-    --enable-mixed-moe-lora-format plus is_3d_lora_weight on every load request, which the
-    orchestrator does not send, and PEFT gives the fused gate_up_proj rank 2r, which can exceed the
-    --max-lora-rank `rl` starts vLLM with. Failing here, before step 0, names the setting to change.
-    """
-    for name, cfg in model.peft_config.items():
-        if fused := getattr(cfg, "target_parameters", None):  # a LoRA-only setting
+    On MoE models whose experts transformers 5 stores as fused 3D parameters (Qwen3-MoE and the other
+    models PEFT converts from their transformers 4 layout), PEFT turns the expert projections named in
+    target_modules into `target_parameters`: one LoRA per expert, gate_up_proj at rank 2r. A router's
+    2D weight ("gate.weight", with "all-linear") is a target parameter too, but not an expert's."""
+    fused = {n.rpartition(".")[2] for n, p in model.get_base_model().named_parameters() if p.ndim == 3}
+    targets = {t for cfg in model.peft_config.values() for t in getattr(cfg, "target_parameters", None) or ()}
+    return sorted(targets & fused)
+
+
+def check_vllm_can_serve(model: peft.PeftModel) -> None:
+    """Refuse expert LoRA that vLLM would load wrongly or not at all when the orchestrator hands it over.
+
+    vLLM 0.32 loads PEFT's fused expert layout (with --enable-mixed-moe-lora-format and is_3d_lora_weight
+    on each load request, which `rl` sends: docs/moe.md) by module name alone: it takes
+    `experts.base_layer` for gate_up_proj and `experts` for down_proj, the nesting PEFT gives both when
+    both are targeted (LoRAModelManager._convert_3d_to_2d_moe_lora). One of them alone would be misread
+    (gate_up_proj taken for down_proj) or skipped, so the experts get LoRA on both or on neither."""
+    for name, module in model.named_modules():
+        if name.endswith(".base_layer") or not isinstance(module, ParamWrapper):
+            continue  # an inner wrapper: seen through its outer one
+        nesting = []
+        while isinstance(module, ParamWrapper):
+            nesting.append(module.parameter_name)
+            module = module.base_layer
+        if set(nesting) & set(FUSED_EXPERT_LORA) and nesting != ["down_proj", "gate_up_proj"]:
             raise ValueError(
-                f"adapter {name!r} puts LoRA on the model's fused expert parameters {sorted(fused)} "
-                "(PEFT maps [model.lora] target_modules to them on MoE models), which rl cannot serve through "
-                "vLLM: leave the expert projections out, e.g. target_modules = "
-                '["q_proj", "k_proj", "v_proj", "o_proj"]'
+                f"[model.lora] target_modules puts LoRA on {name}'s {' and '.join(sorted(nesting))} only; vLLM "
+                "serves expert LoRA on gate_up_proj and down_proj together: target gate_proj, up_proj and "
+                "down_proj, or none of them"
             )
 
 

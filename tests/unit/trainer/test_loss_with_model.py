@@ -7,6 +7,7 @@ import math
 import random
 from pathlib import Path
 
+import peft
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -32,9 +33,10 @@ def tiny_qwen3() -> PreTrainedModel:
     return build_model(len(tok), tok.eos_token_id, tok.pad_token_id, hidden_size=64, num_layers=2)
 
 
-def trained_adapter(model: PreTrainedModel) -> torch.nn.Module:
-    """A LoRA adapter that moves the policy away from the base model (a fresh one has B = 0)."""
-    peft_model = apply_lora(model, LoraConfig(rank=4))
+def trained_adapter(model: PreTrainedModel, lora: LoraConfig | None = None) -> peft.PeftModel:
+    """A LoRA adapter (rank 4 unless `lora`) that moves the policy away from the base model (a fresh one
+    has B = 0)."""
+    peft_model = apply_lora(model, lora or LoraConfig(rank=4))
     torch.manual_seed(1)
     with torch.no_grad():
         for name, p in peft_model.named_parameters():

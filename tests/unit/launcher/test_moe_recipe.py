@@ -1,0 +1,48 @@
+"""configs/gpu/moe_math/8gpu.toml, RL with expert LoRA on Qwen3-30B-A3B: its memory plan counts the
+expert LoRA (PEFT's 2r gate_up_proj per expert) in the trainer and in vLLM's slots, at the rank vLLM is
+started with, and the vLLM command carries the flag that loads PEFT's fused expert layout."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lorarl.config.loader import load_config
+from lorarl.config.models import LoraConfig, RLConfig
+from lorarl.inference.server import served_lora_rank, vllm_command
+from lorarl.launcher.memory_plan import adapter_parameters, expert_lora, rl_memory_plan
+from lorarl.launcher.placement import place
+
+REPO = Path(__file__).resolve().parents[3]
+RECIPE = REPO / "configs/gpu/moe_math/8gpu.toml"
+QWEN3_30B_A3B = "Qwen/Qwen3-30B-A3B"
+
+
+def test_expert_lora_counts_every_expert_at_peft_ranks() -> None:
+    """Per layer: 128 experts x (gate_up_proj at 2r: 2r (2048 + 2 x 768), down_proj at r: r (768 + 2048)),
+    beside attention's r (d_in + d_out) per projection (32 query and 4 key/value heads of 128)."""
+    r, hidden, inter, layers, experts = 8, 2048, 768, 48, 128
+    q, kv = 32 * 128, 4 * 128
+    attention = r * ((hidden + q) + 2 * (hidden + kv) + (q + hidden))
+    per_expert = 2 * r * (hidden + 2 * inter) + r * (inter + hidden)
+    assert adapter_parameters(QWEN3_30B_A3B, LoraConfig(rank=r)) == layers * (attention + experts * per_expert)
+    assert expert_lora(QWEN3_30B_A3B, LoraConfig(rank=r)) == ["down_proj", "gate_up_proj"]
+    assert expert_lora(QWEN3_30B_A3B, LoraConfig(target_modules=["q_proj", "v_proj"])) == []
+    assert expert_lora("Qwen/Qwen3-4B", LoraConfig()) == []  # dense
+
+
+def test_the_moe_recipe_fits_with_expert_lora_in_every_process() -> None:
+    cfg = load_config(RLConfig, ["@", str(RECIPE), "--dry-run", "--dry-run-devices", "8"])
+    assert cfg.model.name == QWEN3_30B_A3B and cfg.lora.target_modules == LoraConfig().target_modules
+    assert served_lora_rank(cfg) == 16  # rank 8, gate_up_proj at 16
+    command = vllm_command(cfg)
+    assert "--enable-mixed-moe-lora-format" in command and command[command.index("--max-lora-rank") + 1] == "16"
+    plan = rl_memory_plan(cfg, place(cfg, 8))
+    assert plan.problem() is None, plan.table()
+    trainer = next(p for p in plan.processes if p.process == "trainer")
+    parts = {p.what: p.gib for p in trainer.parts}
+    # The 0.52B-parameter adapter in float32 with its gradients and AdamW's two moments: 16 bytes each.
+    assert abs(parts["adapter+grads+AdamW"] - 16 * adapter_parameters(QWEN3_30B_A3B, cfg.lora) / 2**30) < 0.05
+    vllm = {p.what: p.gib for p in plan.processes[0].parts}
+    # Each of the adapter_slots in bf16 at vLLM's rank 16 (twice the adapter's), over tensor parallelism 2.
+    slots = adapter_parameters(QWEN3_30B_A3B, cfg.lora) * 16 / 8 * cfg.adapter_slots * 2 / 2 / 2**30
+    assert abs(vllm["LoRA slots"] - slots) < 0.05
