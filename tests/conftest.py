@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import socket
@@ -53,14 +54,16 @@ def free_port(consecutive: int = 1) -> int:
 
 
 @contextlib.contextmanager
-def serve_vllm(tiny_model: Path, log: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+def serve_vllm(tiny_model: Path, log: Path, *vllm_args: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """A vLLM server of `tiny_model` (its url and process, the leader of its own process group),
     started with lorarl's own `inference` entry point, so it runs exactly the command `rl` would;
-    its output goes to `log`. Room for adapters of several runs (max_async_level 2)."""
+    its output goes to `log`. Room for adapters of several runs (max_async_level 2). `vllm_args`:
+    more flags for vLLM (inference.extra_args)."""
     port = free_port()
     cmd = [sys.executable, "-m", "lorarl.cli.inference", "--model.name", str(tiny_model),
            "--seq_len", "2048", "--inference.port", str(port), "--orchestrator.max_async_level", "2",
-           "--inference.api_key", API_KEY]  # fmt: skip
+           "--inference.api_key", API_KEY,
+           *(["--inference.extra_args", json.dumps(vllm_args)] if vllm_args else [])]  # fmt: skip
     with open(log, "wb") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
