@@ -56,6 +56,8 @@ METRICS = "metrics.jsonl"
 BATCH_FILE = "rollouts.jsonl"  # in rollouts/step_N/: one rollout per line
 LOCK = ".lock"  # held (flock) by the `rl` or `sft` process while the run is alive
 UPDATED_AT = "updated_at.json"  # in broadcasts/step_N/: {"time": Unix time its optimizer step ended}
+# In broadcasts/step_N/: the served-adapter check's probe, {"sequences", "logprobs", "base"} (trainer/probe.py).
+PROBE_FILE = "served_probe.json"
 _STEP = re.compile(r"^step_(\d+)$")
 _NAME_MAX = 255  # bytes in one file name, on every file system lorarl runs on
 # Everything lorarl writes at the top of a run folder; clearing never reaches beyond these, and

@@ -19,11 +19,15 @@ def main(argv: list[str] | None = None) -> None:
     setup_logging("orchestrator")
     from lorarl.orchestrator.adapters import AdapterNameInUse
     from lorarl.orchestrator.orchestrator import orchestrate
+    from lorarl.orchestrator.served_check import ServedCheckFailed
 
     try:
         asyncio.run(orchestrate(cfg))
     except* AdapterNameInUse as refused:  # from a task of the loop; `rl` shows this line, exit code 2
         print(f"error: {refused.exceptions[0]}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except* ServedCheckFailed as failed:  # a worker serves another policy: `rl` shows this line, exit code 2
+        print(f"error: {failed.exceptions[0]}", file=sys.stderr)
         raise SystemExit(2) from None
 
 

@@ -207,6 +207,13 @@ class InferenceClient:
         data = await self._json("POST", "/v1/chat/completions", {"model": model, "messages": messages, **params})
         return str(data["choices"][0]["message"]["content"] or "")
 
+    async def prompt_logprobs(self, model: str, prompt_ids: list[int]) -> list[float]:
+        """log p(token | tokens before it) of each prompt token but the first, as the server scores
+        them with `model` (vLLM's prompt_logprobs; one token generated, not read)."""
+        body = {"model": model, "prompt": prompt_ids, "max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0}
+        scored = (await self._json("POST", "/v1/completions", body))["choices"][0]["prompt_logprobs"][1:]
+        return [float(entry[str(token)]["logprob"]) for entry, token in zip(scored, prompt_ids[1:], strict=True)]
+
     async def complete(
         self, model: str, prompt_ids: list[int], n: int, temperature: float, top_p: float, max_tokens: int,
         **extra: Any,

@@ -22,13 +22,22 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from lorarl.inference.client import Completion, InferenceClient, InferenceError, WorkerStalled, WorkerUnavailable
 from lorarl.inference.health import health_problem, is_healthy
 
 log = logging.getLogger("lorarl.inference")
 T = TypeVar("T")
+
+
+class AdapterCheck(Protocol):
+    """What the pool runs on a worker after it loads an adapter (orchestrator/served_check.py)."""
+
+    async def __call__(self, worker: InferenceClient, name: str, path: str) -> None: ...
+
+    def flush(self) -> None:
+        """The adapter is loaded on every routable worker: log its checks."""
 
 
 class InferenceUnavailable(RuntimeError):
@@ -69,6 +78,10 @@ class WorkerPool:
         self.probe_every = 10 * poll  # seconds between the watchdog's rounds of /health
         self.outages = 0  # workers taken out of routing so far
         self.stalls = 0  # of which for not answering in time (WorkerStalled)
+        # Run on a worker after it loads an adapter, before it serves it: (worker, name, folder).
+        self.served_check: AdapterCheck | None = None
+        # Adapter name -> workers its rollouts avoid (a failed served-adapter check with "warn").
+        self.excluded: dict[str, set[InferenceClient]] = {}
 
     def busy_seconds(self) -> float:
         """Busy time summed over workers, including requests still running."""
@@ -76,18 +89,19 @@ class WorkerPool:
         return sum(w.busy_seconds + (now - w._busy_since if w.in_flight else 0.0) for w in self.workers)
 
     async def complete(self, model: str, prompt_ids: list[int], n: int, **sampling: Any) -> list[Completion]:
-        return await self._route(lambda worker: worker.complete(model, prompt_ids, n, **sampling))
+        return await self._route(lambda worker: worker.complete(model, prompt_ids, n, **sampling), model)
 
     async def chat(self, model: str, messages: list[dict[str, str]], **params: Any) -> str:
         return await self._route(lambda worker: worker.chat(model, messages, **params))
 
-    async def _route(self, call: Callable[[InferenceClient], Awaitable[T]]) -> T:
-        """`call` on the least busy routable worker, again elsewhere while workers fail."""
+    async def _route(self, call: Callable[[InferenceClient], Awaitable[T]], model: str | None = None) -> T:
+        """`call` on the least busy routable worker (of those not excluded for `model`), again
+        elsewhere while workers fail."""
         if self._watchdog is None:
             self._watchdog = asyncio.create_task(self._watch())
         deadline = time.monotonic() + self.unavailable_timeout
         while True:
-            worker = await self._pick(deadline)
+            worker = await self._pick(deadline, model)
             # Counted here, not by the client: the request starts only when the loop runs it, after the
             # picks of the requests gathered with it, which would otherwise all see the same counts.
             self._routed[worker] += 1
@@ -130,7 +144,19 @@ class WorkerPool:
         """Load into every routable worker; the others get it when they return. `replace`: see
         InferenceClient.load_adapter (AdapterNameTaken)."""
         self.adapters[name] = path
-        await self._on_routable(lambda w: w.load_adapter(name, path, replace))
+        await self._on_routable(lambda w: self._load(w, name, path, replace))
+        if self.served_check is not None:
+            self.served_check.flush()
+
+    async def _load(self, worker: InferenceClient, name: str, path: str, replace: bool = False) -> None:
+        """Load the adapter into `worker`, then check what it serves (served_check)."""
+        await worker.load_adapter(name, path, replace)
+        if self.served_check is not None:
+            await self.served_check(worker, name, path)
+
+    def exclude(self, worker: InferenceClient, name: str) -> None:
+        """Send no more requests for adapter `name` to `worker` while others can take them."""
+        self.excluded.setdefault(name, set()).add(worker)
 
     async def reload_weights(self, path: str) -> None:
         """Full fine-tuning: every routable worker serves the model folder `path` from now on; the
@@ -140,6 +166,7 @@ class WorkerPool:
 
     async def unload_adapter(self, name: str) -> None:
         self.adapters.pop(name, None)
+        self.excluded.pop(name, None)
         await self._on_routable(lambda w: w.unload_adapter(name))
 
     async def close(self) -> None:
@@ -158,7 +185,7 @@ class WorkerPool:
             elif isinstance(result, BaseException):
                 raise result
 
-    async def _pick(self, deadline: float) -> InferenceClient:
+    async def _pick(self, deadline: float, model: str | None = None) -> InferenceClient:
         while not self.routable:
             if time.monotonic() > deadline:
                 raise InferenceUnavailable(
@@ -166,7 +193,10 @@ class WorkerPool:
                     f"({', '.join(w.base_url for w in self.workers)}; inference.unavailable_timeout)"
                 )
             await asyncio.sleep(self.poll)
-        return min(self.routable, key=lambda w: self._routed[w])
+        excluded = self.excluded.get(model or "", set())
+        # Every worker excluded ("warn" failed on all): the run goes on with them, as "warn" asks.
+        candidates = [w for w in self.routable if w not in excluded] or self.routable
+        return min(candidates, key=lambda w: self._routed[w])
 
     def _take_out(self, worker: InferenceClient, error: Exception) -> None:
         if worker not in self.routable:
@@ -216,7 +246,7 @@ class WorkerPool:
                 await worker.unload_adapter(name)
             for name in missing:
                 if (path := self.adapters.get(name)) is not None:
-                    await worker.load_adapter(name, path)
+                    await self._load(worker, name, path)
 
     async def _sync_weights(self, worker: InferenceClient) -> None:
         """Reload the pool's weights into the worker until they stay the newest while it loads them."""

@@ -115,6 +115,9 @@ PANELS = (
           (Source(ORCH, r"policy_lag/(?P<name>mean|max)"),)),
     Panel("mismatch", "Trainer vs vLLM logprobs", "mismatch",
           (Source(TRAINER, r"mismatch/(?P<name>logprob_abs_diff|kl)"),), log_y=True),
+    # The served-adapter check (served_check.py): worker vs trainer, and worker vs base, per version.
+    Panel("served_check", "Served adapter vs trainer (probe, max |Δlogp|)", "max |Δlogp|",
+          (Source("served", r"served/(?P<name>probe_gap|vs_base)"),), xlabel="policy version", log_y=True),
     Panel("entropy", "Policy entropy", "nats per token", (Source(TRAINER, "entropy"),)),
     Panel("grad_norm", "Gradient norm", "grad norm", (Source(TRAINER, "grad_norm"),)),
     Panel("loss", "Loss", "loss", (Source(TRAINER, "loss"),)),

@@ -48,6 +48,7 @@ from lorarl.orchestrator.overlong import overlong_metrics
 from lorarl.orchestrator.rollout_conversion import to_rollouts
 from lorarl.orchestrator.sampler import ExampleSampler
 from lorarl.orchestrator.samples import write_samples
+from lorarl.orchestrator.served_check import ServedCheck, tolerance_for
 from lorarl.rollouts import Rollout, RolloutBatch, policy_lag
 from lorarl.run_folder import RunFolder
 from lorarl.variants import variants_of
@@ -70,6 +71,7 @@ async def orchestrate(cfg: RLConfig) -> None:
     run_dirs = [(here, there) for there in inf.worker_run_dirs] or None
     pool = WorkerPool(urls, inf.api_key, timeout=inf.request_timeout, unavailable_timeout=inf.unavailable_timeout,
                       run_dirs=run_dirs, tokens_per_s=inf.min_tokens_per_s)  # fmt: skip
+    pool.served_check = served_check(cfg, pool)
     try:
         orchestrators = build_orchestrators(cfg, pool, AutoTokenizer.from_pretrained(cfg.model.name))
         log.info("waiting for %d inference worker(s): %s", len(urls), urls)
@@ -80,6 +82,17 @@ async def orchestrate(cfg: RLConfig) -> None:
         await run_all(orchestrators)
     finally:
         await pool.close()
+
+
+def served_check(cfg: RLConfig, pool: WorkerPool) -> ServedCheck | None:
+    """The served-adapter check of every version on every worker (served_check.py); None if off, or
+    with full fine-tuning (not covered)."""
+    inf = cfg.inference
+    if inf.served_check == "off" or cfg.model.full_finetune:
+        return None
+    metrics = MetricsLogger(RunFolder(cfg.run_dir).metrics, "served", cfg.monitor, cfg.run_name)
+    tolerance = tolerance_for(inf.served_check_tolerance, cfg.model.dtype)
+    return ServedCheck(inf.served_check, tolerance, metrics, pool.exclude)
 
 
 def check_given_servers(cfg: RLConfig, strict: bool) -> None:

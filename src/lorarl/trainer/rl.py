@@ -42,6 +42,7 @@ from lorarl.trainer.model import (
     peak_memory_gib,
 )
 from lorarl.trainer.packing import PackedBatch
+from lorarl.trainer.probe import attach_probe
 from lorarl.trainer.skeleton import Model, PassLoss, Trainer, forward_backward_step
 from lorarl.written import remove_folder
 
@@ -57,6 +58,7 @@ def train(cfg: RLConfig) -> None:
         train_variants(cfg)
         return
     trainer = Trainer.set_up(cfg, lambda: rl_model(cfg))
+    attach_probe(trainer.model, cfg)  # every version written carries the served-adapter check's probe
     metrics = trainer.metrics_logger("trainer", cfg)
     write_starting_adapter(trainer)
     for step in range(trainer.start + 1, cfg.max_steps + 1):
