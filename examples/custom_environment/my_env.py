@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from lorarl.orchestrator.envs.base import Environment, Episode, Example, Message, WeightedReward
+from lorarl import Environment, Episode, Example, Message, WeightedReward
 
 WORDS = "banana strawberry mississippi committee bookkeeper balloon coffee parallel success letter".split()
 

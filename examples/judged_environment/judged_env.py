@@ -1,6 +1,6 @@
 """An environment graded by a judge model against a rubric: describe an animal in one sentence.
 
-There is no exact answer to check, so `Judge` (lorarl.orchestrator.judge) asks a model to grade
+There is no exact answer to check, so `lorarl.Judge` asks a model to grade
 each reply against the rubric; by default that model is the run's own vLLM fleet serving the base
 model without an adapter, so the judge needs no server of its own. A cheap exact check (one
 sentence, the animal named) is weighted in beside it. A judge that gives no grade counts in
@@ -15,8 +15,7 @@ import random
 from collections.abc import Iterator
 from typing import Literal
 
-from lorarl.orchestrator.envs.base import Environment, Episode, Example, Message, WeightedReward
-from lorarl.orchestrator.judge import Judge
+from lorarl import Environment, Episode, Example, Judge, Message, WeightedReward
 
 ANIMALS = "otter heron badger octopus camel beaver owl lynx".split()
 RUBRIC = "The reply describes the animal named in the question in one accurate, vivid English sentence."

@@ -270,8 +270,8 @@ class LossConfig(Section):
     is subtracted from each loss token's loss, normalized as the policy term (norm). 0: no bonus; above 0
     the entropy is computed with gradient, which keeps one more tokens x vocabulary tensor for the backward."""
     loss_fn: str | None = None
-    """A custom policy term, "package.module:function" marked @lorarl.plugin("loss"): a function of a
-    lorarl.trainer.loss.LossInputs (the forward batch's per-token trainer and vLLM logprobs, advantages,
+    """A custom policy term, "package.module:function" marked @lorarl.plugin("loss"), a lorarl.LossFn: a
+    function of a lorarl.LossInputs (the forward batch's per-token trainer and vLLM logprobs, advantages,
     loss mask, sample index, norm weights, and this section) returning the per-token loss, or it and a dict
     of scalar metrics (means over the batch's loss tokens, logged as loss_fn/<name>). It replaces ratio and
     trust region; lorarl still applies norm and adds the KL penalty and the entropy bonus. None: built-in."""
@@ -410,8 +410,8 @@ class AdvantageConfig(Section):
     gets advantages of exactly 0 from each of them."""
     fn: str | None = None
     """Your own estimator in place of `estimator` (leave that at its default): "package.module:function"
-    marked @lorarl.plugin("advantage"), called with the group's rewards (a list of floats) and, if it takes a
-    second argument, the group's episodes (`PlayedEpisode`s of lorarl.orchestrator.episodes: `.episode` with
+    marked @lorarl.plugin("advantage") (lorarl.AdvantageFn), called with the group's rewards (a list of
+    floats) and, if it takes a second argument, the group's episodes (lorarl.PlayedEpisode: `.episode` with
     the messages and example, `.model_tokens`, `.truncated`); it returns one finite advantage per reward.
     Imported when the orchestrator starts. None: `estimator`."""
     std_normalize: bool | None = None
@@ -687,16 +687,6 @@ class InferenceConfig(Section):
     """The slowest generation expected of a healthy worker, in tokens per second of one sequence: a
     completion request may take request_timeout + max_tokens / min_tokens_per_s seconds. Lower it for
     slow hardware, raise it to notice a frozen worker sooner."""
-    served_check: Literal["stop", "warn", "off"] = "stop"
-    """The served-adapter check (docs/served_check.md): once a policy version is loaded on a worker, the
-    worker scores a small fixed probe through that version's adapter name, before any rollout of that
-    version goes to it, and its logprobs must match the trainer's within served_check_tolerance. A worker
-    that fails, after one reload, stops the run in one line naming the worker, the version and the gaps
-    ("stop"), or is logged in that line and left out of that version's rollouts ("warn"). "off": no
-    check. LoRA only: full fine-tuning's versions are not checked."""
-    served_check_tolerance: float | None = Field(None, gt=0)
-    """The largest |Δ logprob| of any probe token between a worker and the trainer that passes the
-    served-adapter check. None: follows model.dtype, 1e-3 for float32 and 0.5 for bfloat16/float16."""
 
     worker_run_dirs: list[str] = []
     """The run folder as each worker's machine sees it (worker i: the i-th), where the orchestrator tells

@@ -13,6 +13,7 @@ import inspect
 import math
 import statistics
 from collections.abc import Callable, Sequence
+from typing import Protocol, cast
 
 from lorarl.config.models import AdvantageConfig, OrchestratorConfig
 from lorarl.orchestrator.episodes import PlayedEpisode
@@ -21,6 +22,15 @@ from lorarl.orchestrator.overlong import PENALTY_KEY, mask_truncated, overlong_p
 from lorarl.plugins import load_function
 
 Estimator = Callable[[list[float], Sequence[PlayedEpisode]], list[float]]
+
+
+class AdvantageFn(Protocol):
+    """`[orchestrator.advantage] fn = "package.module:function"`, declared `@lorarl.plugin("advantage")`:
+    one finite advantage per reward of a group (the rollouts of one example), from the rewards (less
+    any overlong penalty) and the group's episodes, in the same order. A function of the rewards
+    alone (one parameter) is called without the episodes."""
+
+    def __call__(self, rewards: list[float], episodes: list[PlayedEpisode], /) -> Sequence[float]: ...
 
 
 def _tied(rewards: list[float]) -> bool:
@@ -63,10 +73,10 @@ def advantage_estimator(cfg: AdvantageConfig) -> Estimator:
     if cfg.fn is None:
         builtin = BUILTIN[cfg.estimator]
         return lambda rewards, episodes: builtin(rewards)
-    fn, with_episodes = _import_fn(cfg.fn)
+    fn = _import_fn(cfg.fn)
 
     def user_estimator(rewards: list[float], episodes: Sequence[PlayedEpisode]) -> list[float]:
-        out = fn(list(rewards), list(episodes)) if with_episodes else fn(list(rewards))
+        out = fn(list(rewards), list(episodes))
         try:
             advantages = [float(a) for a in out]
         except TypeError:
@@ -81,14 +91,15 @@ def advantage_estimator(cfg: AdvantageConfig) -> Estimator:
     return user_estimator
 
 
-def _import_fn(spec: str) -> tuple[Callable[..., Sequence[float]], bool]:
+def _import_fn(spec: str) -> AdvantageFn:
     """The function `package.module:function` names (declared `@lorarl.plugin("advantage")`, so a Python
-    function with a signature), and whether it takes the episodes too."""
+    function with a signature), called with the episodes only if it takes a second argument."""
     fn = load_function(spec, "orchestrator.advantage.fn", "advantage")
     params = inspect.signature(fn).parameters.values()
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    takes_two = len(positional) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in params)
-    return fn, takes_two
+    if len(positional) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in params):
+        return cast(AdvantageFn, fn)
+    return lambda rewards, episodes: fn(rewards)
 
 
 class GroupAdvantages:

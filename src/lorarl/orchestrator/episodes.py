@@ -44,6 +44,9 @@ class Sample:
 
 @dataclass
 class PlayedEpisode:
+    """A finished episode as the advantage function sees it: the `Episode` (messages, example, state),
+    the token samples it is trained as, and how it ended."""
+
     episode: Episode
     samples: list[Sample]
     model_tokens: int

@@ -32,6 +32,7 @@ from typing import Any
 from transformers.utils import get_json_schema
 
 ToolFunc = Callable[..., Any]
+"""A tool: a Python function (sync or `async def`) with type hints and an `Args:` docstring."""
 
 log = logging.getLogger("lorarl.orchestrator")
 

@@ -258,8 +258,9 @@ class LossInputs:
 
 
 class LossFn(Protocol):
-    """`[trainer.loss] loss_fn = "package.module:function"`: g_it of the module docstring, the policy
-    loss of each target [rows, T-1], or it and a dict of metrics. lorarl keeps it on the loss tokens,
+    """`[trainer.loss] loss_fn = "package.module:function"`, declared `@lorarl.plugin("loss")`: g_it of the
+    step loss sum_i w_i sum_t (c_it g_it + kl_coef k3_it - entropy_coef H_it), the policy loss of each
+    target [rows, T-1], or it and a dict of metrics. lorarl keeps it on the loss tokens,
     multiplies it by `sample_weights` and sums it, adding the KL penalty and the entropy bonus. Metrics
     are scalar tensors, means over the batch's loss tokens (the trainer weighs each micro-batch's by
     its loss tokens), the same names at every call, logged as loss_fn/<name>."""

@@ -18,7 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 Message = dict[str, str]
+"""One chat message: `{"role": "user", "content": "..."}` (roles system, user, assistant, tool)."""
 Example = dict[str, Any]
+"""One task instance as `Environment.examples` draws it, e.g. `{"word": "banana", "letter": "a"}`."""
 
 log = logging.getLogger("lorarl.orchestrator")
 
@@ -45,19 +47,27 @@ class Episode:
 
 
 RewardFunc = Callable[[Episode], float | Awaitable[float]]
+"""A reward function: the finished episode's score, a float (or, `async def`, awaited to one)."""
 
 
 @dataclass(frozen=True)
 class WeightedReward:
+    """A reward function and its weight in the episode's reward, the weighted sum over
+    `Environment.rewards`; weight 0 logs a value without training on it."""
+
     func: RewardFunc
     weight: float = 1.0
 
     @property
     def name(self) -> str:
+        """The function's name, the key its value is logged under."""
         return getattr(self.func, "__name__", type(self.func).__name__)
 
 
 class Environment:
+    """A task: subclass it, fill in `examples` and `prompt`, list `rewards`, and for a multi-turn task
+    set `max_turns` and answer each model turn in `env_response` (see the module docstring)."""
+
     name: str = "environment"
     # Model turns per episode; `env_response` is asked for the next messages after each but the last.
     max_turns: int = 1

@@ -23,6 +23,9 @@ def used_tools(episode: Episode) -> float:
 
 
 class ToolEnvironment(Environment):
+    """An environment whose model calls the Python functions listed in `tools` (see the module
+    docstring); a turn without a tool call ends the episode and is its answer."""
+
     max_turns = 4
     tools: list[ToolFunc] = []
     tool_timeout: float = 10.0  # seconds per call; past it the model is told the call timed out
