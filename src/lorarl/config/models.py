@@ -687,6 +687,16 @@ class InferenceConfig(Section):
     """The slowest generation expected of a healthy worker, in tokens per second of one sequence: a
     completion request may take request_timeout + max_tokens / min_tokens_per_s seconds. Lower it for
     slow hardware, raise it to notice a frozen worker sooner."""
+    served_check: Literal["stop", "warn", "off"] = "stop"
+    """The served-adapter check (docs/served_check.md): once a policy version is loaded on a worker, the
+    worker scores a small fixed probe through that version's adapter name, before any rollout of that
+    version goes to it, and its logprobs must match the trainer's within served_check_tolerance. A worker
+    that fails, after one reload, stops the run in one line naming the worker, the version and the gaps
+    ("stop"), or is logged in that line and left out of that version's rollouts ("warn"). "off": no
+    check. LoRA only: full fine-tuning's versions are not checked."""
+    served_check_tolerance: float | None = Field(None, gt=0)
+    """The largest |Δ logprob| of any probe token between a worker and the trainer that passes the
+    served-adapter check. None: follows model.dtype, 1e-3 for float32 and 0.5 for bfloat16/float16."""
 
     worker_run_dirs: list[str] = []
     """The run folder as each worker's machine sees it (worker i: the i-th), where the orchestrator tells
