@@ -16,7 +16,9 @@ tokens per step, LoRA rank 8 on the 7 projections, fp32. It measures
   (d) TRL's GRPOTrainer + PEFT (HF generate), needing the `bench` extra: pip install -e '.[bench]'.
 
 and prints seconds per step (steps after the first), completions per second, each one's ratio to
-the sequential floor (a)+(b on every core), idle fractions and the peak memory of each process
+the sequential floor (a)+(b on every core), idle fractions, the served-adapter check's cost (the
+workers' check of each version, served/check_s, plus the trainer's scoring of the probe, timed
+beside the floor) as seconds and as a share of the step, and the peak memory of each process
 (resident set). Beside the floor, on the same samples and threads, it times lorarl's trainer step
 as `rl` runs it (packed rows, each group's prompt shared: `trainer.share_prompts`) and without
 shared prompts.
@@ -121,13 +123,15 @@ def training_floor(model: Path, steps: int, threads: int) -> dict[str, float]:
     """(b): plain PyTorch + PEFT on 128 samples of a reverse_text prompt + 32 tokens, 64 rows a pass,
     and, alternating with it on the same samples and threads, lorarl's trainer step (its loss, packing
     and `forward_backward_step`): "fwd_bwd_s" is the floor's forward/backward, "lorarl_fwd_bwd_s" the
-    trainer's with shared prompts (rl's default), "unshared_fwd_bwd_s" without, no vLLM beside it."""
+    trainer's with shared prompts (rl's default), "unshared_fwd_bwd_s" without, no vLLM beside it;
+    "probe_s": the trainer's share of the served-adapter check, scoring its probe (trainer/probe.py)."""
     import peft
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from lorarl.config.models import LossConfig
     from lorarl.trainer.batching import TrainSample
     from lorarl.trainer.packing import ForwardPasses
+    from lorarl.trainer.probe import build_probe, score_probe
     from lorarl.trainer.rl import policy_gradient_loss
     from lorarl.trainer.skeleton import forward_backward_step
 
@@ -165,7 +169,8 @@ def training_floor(model: Path, steps: int, threads: int) -> dict[str, float]:
         loss = policy_gradient_loss(lora, train_samples, LossConfig(), tokens)
         forward_backward_step(lora, train_samples, loss, passes[share])
 
-    times: dict[str, list[float]] = {"floor": [], "lorarl": [], "unshared": [], "step": []}
+    probe = build_probe(tok, SEQ_LEN)
+    times: dict[str, list[float]] = {"floor": [], "lorarl": [], "unshared": [], "step": [], "probe": []}
     for _ in range(steps):
         for name, fwd_bwd in (
             ("floor", floor), ("lorarl", lambda: trainer(True)), ("unshared", lambda: trainer(False))
@@ -177,9 +182,12 @@ def training_floor(model: Path, steps: int, threads: int) -> dict[str, float]:
                 optimizer.step()
                 times["step"].append(time.perf_counter() - t)
             optimizer.zero_grad()
+        t = time.perf_counter()
+        score_probe(lora, probe)
+        times["probe"].append(time.perf_counter() - t)
     mean = {k: sum(v[1:] or v) / len(v[1:] or v) for k, v in times.items()}  # the first step warms up
     return {"s_per_step": mean["step"], "fwd_bwd_s": mean["floor"], "lorarl_fwd_bwd_s": mean["lorarl"],
-            "unshared_fwd_bwd_s": mean["unshared"], "threads": threads}  # fmt: skip
+            "unshared_fwd_bwd_s": mean["unshared"], "probe_s": mean["probe"], "threads": threads}  # fmt: skip
 
 
 def trl_grpo(model: Path, steps: int, out: Path) -> dict[str, float]:
@@ -262,12 +270,14 @@ def rl_end_to_end(args: argparse.Namespace, url: str, level: int) -> dict[str, f
     rows = [json.loads(line) for line in (args.out / name / "metrics.jsonl").read_text().splitlines()]
     trainer = [x for x in rows if x["component"] == "trainer"][1:]
     live = [x["perf/adapter_live_s"] for x in rows if "perf/adapter_live_s" in x]
+    checks = [x["served/check_s"] for x in rows if "served/check_s" in x]  # one row per version
     return {
         "s_per_step": 60 / r["steps_per_min"],
         "trainer_idle": r["trainer_idle_frac"],
         "inference_idle": 1 - r["inference_busy_frac"],
         "fwd_bwd_s": sum(x["time/forward_backward"] for x in trainer) / max(1, len(trainer)),
         "adapter_live_s": max(live, default=float("nan")),
+        "check_s": sum(checks) / len(checks) if checks else float("nan"),
         "peak_gib": peak,
     }
 
@@ -345,13 +355,16 @@ def report(results: dict[str, dict[str, float]], args: argparse.Namespace) -> No
               f"{b['fwd_bwd_s']:.1f} s (without shared prompts {b['unshared_fwd_bwd_s']:.1f} s = "
               f"{b['unshared_fwd_bwd_s'] / b['fwd_bwd_s']:.2f}x)")  # fmt: skip
     head = ["", "s/step", "completions/s", "vs (a)+(b)", "fwd/bwd s", "trainer idle", "inference idle",
-            "adapter live s", "peak GiB"]  # fmt: skip
+            "adapter live s", "served check s", "check % of step", "peak GiB"]  # fmt: skip
     print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
     for name, r in results.items():
         s = r["s_per_step"]
+        if "check_s" in r:  # the check's cost per step: the workers' checks and the trainer's probe
+            r["check_pct"] = (r["check_s"] + trainer_threads["probe_s"]) / s
         cells = [name, f"{s:.1f}", f"{per_step / s:.2f}", f"{floor / s:.2f}x" if not name.startswith("(b)") else ""]
         for key, fmt in (("fwd_bwd_s", "{:.1f}"), ("trainer_idle", "{:.0%}"), ("inference_idle", "{:.0%}"),
-                         ("adapter_live_s", "{:.2f}"), ("peak_gib", "{:.2f}")):  # fmt: skip
+                         ("adapter_live_s", "{:.2f}"), ("check_s", "{:.3f}"), ("check_pct", "{:.1%}"),
+                         ("peak_gib", "{:.2f}")):  # fmt: skip
             cells.append(fmt.format(r[key]) if key in r else "")
         print("| " + " | ".join(cells) + " |")
     (args.out / "results.json").write_text(json.dumps(results, indent=2))

@@ -15,6 +15,8 @@ vLLM's GPU kernels do: vLLM's CPU ops take index -1 for the last adapter slot.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from vllm.lora.ops.torch_ops import lora_ops
 from vllm.lora.punica_wrapper import punica_cpu
@@ -85,12 +87,29 @@ def _store(target: torch.Tensor, values: torch.Tensor, add: bool) -> None:
         target.copy_(values)
 
 
+_add_lora_logits = punica_cpu.PunicaWrapperCPU.add_lora_logits
+
+
+def add_lora_logits(
+    self: punica_cpu.PunicaWrapperCPU, y: torch.Tensor, x: torch.Tensor, *args: Any, **kwargs: Any
+) -> None:
+    """vLLM's, except for the logits of a request's prompt tokens (prompt_logprobs, which the
+    served-adapter check asks for): vLLM's CPU path maps those rows with the sampled rows' adapter
+    indices, which do not match them (an IndexError that kills the engine once a batch mixes
+    adapters), so they get no LM-head LoRA, as on GPUs (vllm#51594). lorarl's adapters leave the LM
+    head alone."""
+    if x.view(-1, x.shape[-1]).shape[0] != self.sampler_indices.shape[0]:
+        return
+    _add_lora_logits(self, y, x, *args, **kwargs)
+
+
 def install() -> None:
     """Put these ops where vLLM's CPU LoRA looks them up at each call: the decode path and the logits
     (punica_cpu's names) and, through lora_ops' own names, the prefill path (its sgmv_* call bgmv_*)."""
     for module in (lora_ops, punica_cpu):
         for op in (bgmv_shrink, bgmv_expand, bgmv_expand_slice):
             setattr(module, op.__name__, op)
+    punica_cpu.PunicaWrapperCPU.add_lora_logits = add_lora_logits  # type: ignore[method-assign]
 
 
 if current_platform.is_cpu():

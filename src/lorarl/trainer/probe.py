@@ -104,7 +104,8 @@ def attach_probe(model: torch.nn.Module, cfg: RLConfig) -> None:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.name)
-    _PROBES[model] = Probe.for_model(model, tokenizer, min(cfg.seq_len, PROBE_MAX_LEN))
+    # One token under seq_len: vLLM (max_model_len = seq_len) generates one after the scored prompt.
+    _PROBES[model] = Probe.for_model(model, tokenizer, min(cfg.seq_len - 1, PROBE_MAX_LEN))
 
 
 def probe_file_text(model: torch.nn.Module) -> str | None:

@@ -3,16 +3,11 @@ and in lorarl-plot."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from lorarl.monitor.console import StepPrinter
 from lorarl.monitor.plots import PANELS, load_runs
-
-
-def write_rows(path: Path, *rows: dict[str, object]) -> None:
-    with open(path, "a") as f:
-        f.writelines(json.dumps(r) + "\n" for r in rows)
+from tests.unit.monitor.test_console import write_rows
 
 
 def test_the_console_line_shows_the_newest_versions_probe_gap(tmp_path: Path) -> None:
