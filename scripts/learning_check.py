@@ -5,7 +5,7 @@ python scripts/learning_check.py alphabet_sort math   # some
 python scripts/learning_check.py math --keep-warmup   # rl.toml again, from the warm-up already there
 python scripts/learning_check.py calculator --control # and the warm-up policy on the same examples
 
-A recipe is a folder of configs/ with an `sft.toml` (a supervised warm-up of the tiny local model on
+A recipe is a folder of configs/ or examples/ with an `sft.toml` (a supervised warm-up of the tiny local model on
 reference episodes, standing in for the pretraining a real base model has) and an `rl.toml` that
 starts from its output. A warm-up may come in stages: where sft.toml's model is the result of another
 `sft*.toml` of the folder (configs/calculator/sft_copy.toml), that one runs first. For each recipe
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tomllib
 from dataclasses import dataclass
@@ -51,7 +52,18 @@ class Result:
 
 
 def recipes() -> list[str]:
-    return sorted(p.parent.name for p in REPO.glob("configs/*/rl.toml") if (p.parent / "sft.toml").exists())
+    return sorted(folder.name for folder in recipe_folders())
+
+
+def recipe_folders() -> list[Path]:
+    rl_configs = [*REPO.glob("configs/*/rl.toml"), *REPO.glob("examples/*/rl.toml")]
+    return [p.parent for p in rl_configs if (p.parent / "sft.toml").exists()]
+
+
+def folder(recipe: str) -> Path:
+    """The recipe's folder: configs/<recipe> or examples/<recipe>."""
+    (found,) = [f for f in recipe_folders() if f.name == recipe]
+    return found
 
 
 def read_toml(path: Path) -> dict[str, Any]:
@@ -101,11 +113,11 @@ def warm_up(folder: Path, rl: dict[str, Any], logs: Path) -> float:
 
 def check(recipe: str, logs: Path, keep_warmup: bool, control: bool) -> list[Result]:
     """The recipe's row, and with `control` the row of its run at CONTROL_LR."""
-    folder = REPO / "configs" / recipe
-    rl = read_toml(folder / "rl.toml")
+    rl_toml = folder(recipe) / "rl.toml"
+    rl = read_toml(rl_toml)
     warmed_up = (REPO / rl["model"]["name"] / "config.json").exists()
-    sft_s = 0.0 if keep_warmup and warmed_up else warm_up(folder, rl, logs)
-    rl_cmd = [str(BIN / "rl"), "@", f"configs/{recipe}/rl.toml", "--overwrite"]
+    sft_s = 0.0 if keep_warmup and warmed_up else warm_up(rl_toml.parent, rl, logs)
+    rl_cmd = [str(BIN / "rl"), "@", str(rl_toml.relative_to(REPO)), "--overwrite"]
     rl_s = run_logged(rl_cmd, logs / f"{recipe}-rl.log")
     results = [Result(recipe, sft_s, rl_s, only(summarize(REPO / rl["output_dir"] / rl["run_name"], WINDOW)))]
     if control:
@@ -133,7 +145,9 @@ def table(results: list[Result]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("recipe", nargs="*", help=f"folders of configs/ (default: all of {', '.join(recipes())})")
+    parser.add_argument(
+        "recipe", nargs="*", help=f"folders of configs/ or examples/ (default: all of {', '.join(recipes())})"
+    )
     parser.add_argument("--logs", type=Path, default=REPO / "outputs" / "learning_check", help="where logs go")
     parser.add_argument(
         "--keep-warmup", action="store_true", help="reuse a recipe's warmed-up model if it is there (to tune rl.toml)"
@@ -144,6 +158,9 @@ def main() -> None:
     if unknown:
         parser.error(f"no recipe {', '.join(unknown)}: the recipes are {', '.join(recipes())}")
     args.logs.mkdir(parents=True, exist_ok=True)
+    # The examples' environments (`examples.<folder>.<module>:<factory>`) import from the repository
+    # root, for make_sft_data.py as `rl` makes them for its orchestrator.
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     results: list[Result] = []
     for recipe in args.recipe or recipes():
         rows = check(recipe, args.logs, args.keep_warmup, args.control)

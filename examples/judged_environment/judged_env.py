@@ -6,7 +6,9 @@ model without an adapter, so the judge needs no server of its own. A cheap exact
 sentence, the animal named) is weighted in beside it. A judge that gives no grade counts in
 `reward_errors` and scores 0, the run goes on.
 
-From the repository root: `.venv/bin/rl @ examples/judged_environment/rl.toml`.
+From the repository root: `.venv/bin/rl @ examples/judged_environment/rl.toml`. On the CPU's tiny
+model this is a wiring smoke test (the judge is a model that cannot grade); examples/custom_environment
+is the example that learns.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ def learning_check() -> ModuleType:
 
 def test_calculator_warms_up_in_two_stages_the_others_in_one() -> None:
     check = learning_check()
-    stages = {recipe: check.warmup_stages(REPO / "configs" / recipe) for recipe in check.recipes()}
+    stages = {recipe: check.warmup_stages(check.folder(recipe)) for recipe in check.recipes()}
     assert [p.name for p in stages.pop("calculator")] == ["sft_copy.toml", "sft.toml"]
     assert stages and all([p.name for p in chain] == ["sft.toml"] for chain in stages.values())
 
@@ -42,11 +42,11 @@ def test_calculator_warms_up_in_two_stages_the_others_in_one() -> None:
 @pytest.mark.parametrize("recipe", learning_check().recipes())
 def test_each_stage_starts_where_the_one_before_ended(recipe: str) -> None:
     check = learning_check()
-    stages = [check.read_toml(p) for p in check.warmup_stages(REPO / "configs" / recipe)]
+    stages = [check.read_toml(p) for p in check.warmup_stages(check.folder(recipe))]
     assert stages[0]["model"]["name"] in script("run_steps").LOCAL_MODELS
     for before, after in itertools.pairwise(stages):
         assert after["model"]["name"] == check.final_model(before)
-    assert check.read_toml(REPO / "configs" / recipe / "rl.toml")["model"]["name"] == check.final_model(stages[-1])
+    assert check.read_toml(check.folder(recipe) / "rl.toml")["model"]["name"] == check.final_model(stages[-1])
     # Every stage's data is its own file: learning_check writes it only where it is missing.
     assert len({s["data"]["path"] for s in stages}) == len(stages)
 
