@@ -22,7 +22,8 @@ class StepPrinter:
         # Keyed by (variant, step): a sweep ([[variants]]) logs each step once per variant; None: no variants.
         self._printed: set[tuple[str | None, int]] = set()
         self._orchestrator: dict[tuple[str | None, int], dict[str, Any]] = {}
-        self._served: dict[str, Any] = {}  # the newest version's served-adapter check (served_check.py)
+        # Per variant, the newest version's served-adapter check (served_check.py).
+        self._served: dict[str | None, dict[str, Any]] = {}
 
     def poll(self) -> list[str]:
         """Lines for the trainer steps logged since the last call."""
@@ -43,8 +44,8 @@ class StepPrinter:
             key = (row.get("variant"), row["step"])
             if row["component"] == "orchestrator":
                 self._orchestrator[key] = row
-            elif row["component"] == "served" and row["step"] >= self._served.get("step", -1):
-                self._served = row
+            elif row["component"] == "served" and row["step"] >= self._served.get(key[0], {}).get("step", -1):
+                self._served[key[0]] = row
             elif row["component"] == "trainer" and key not in self._printed:
                 self._printed.add(key)
                 out.append(self.format(row, self._orchestrator.pop(key, {})))
@@ -67,7 +68,7 @@ class StepPrinter:
             f" | lag {get(trainer, 'policy_lag/mean', '.1f')}"
             f" | loss {get(trainer, 'loss', '+.4f')}"
             f" | |dlogp| {get(trainer, 'mismatch/logprob_abs_diff', '.1e')}"
-            f" | served {get(self._served, 'served/probe_gap', '.0e')}"
+            f" | served {get(self._served.get(trainer.get('variant'), {}), 'served/probe_gap', '.0e')}"
             f" | grad {get(trainer, 'grad_norm', '.3f')}"
             f"{dropped}{stalls} | {get(trainer, 'time/step', '.1f')} s"
         )

@@ -22,6 +22,7 @@ import asyncio
 import logging
 import sys
 import time
+from functools import partial
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
@@ -90,8 +91,8 @@ def served_check(cfg: RLConfig, pool: WorkerPool) -> ServedCheck | None:
     inf = cfg.inference
     if inf.served_check == "off" or cfg.model.full_finetune:
         return None
-    metrics = MetricsLogger(RunFolder(cfg.run_dir).metrics, "served", cfg.monitor, cfg.run_name)
-    tolerance = tolerance_for(inf.served_check_tolerance, cfg.model.dtype)
+    path, tolerance = RunFolder(cfg.run_dir).metrics, tolerance_for(inf.served_check_tolerance, cfg.model.dtype)
+    metrics = partial(MetricsLogger, path, "served", cfg.monitor, cfg.run_name)  # (variant)
     return ServedCheck(inf.served_check, tolerance, metrics, pool.exclude)
 
 

@@ -13,8 +13,9 @@ the served adapter name with vLLM's prompt logprobs, and per token
 A failing worker is reloaded once and checked again; then the run stops in one line
 (`ServedCheckFailed`), or with "warn" the line is logged and the worker is left out of that
 version's rollouts (WorkerPool.exclude). Each version's figures go to metrics.jsonl as component
-"served", step = version: served/probe_gap (max over workers), served/vs_base (min over workers: the
-one closest to the base), served/check_s (seconds, summed).
+"served", step = version (a variant's rows stamped with its name): served/probe_gap (max over
+workers), served/vs_base (min over workers: the one closest to the base), served/check_s (seconds,
+summed).
 """
 
 from __future__ import annotations
@@ -90,9 +91,11 @@ def read_probe_file(folder: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def version_of(folder: Path) -> int:
-    """The version of a broadcast folder, broadcasts/[<variant>/]step_N."""
-    return int(folder.name.removeprefix("step_"))
+def version_of(folder: Path) -> tuple[str | None, int]:
+    """The variant (None: the run's one adapter) and version of a broadcast folder,
+    broadcasts/[<variant>/]step_N."""
+    variant = folder.parent.name if folder.parent.name != "broadcasts" else None
+    return variant, int(folder.name.removeprefix("step_"))
 
 
 async def served_logprobs(worker: InferenceClient, name: str, sequences: list[list[int]]) -> list[list[float]]:
@@ -114,11 +117,17 @@ class ServedCheck:
     """The check the pool runs on a worker after loading an adapter (WorkerPool.served_check)."""
 
     def __init__(
-        self, mode: Literal["stop", "warn"], tolerance: float, metrics: MetricsLogger, exclude: ExcludeFn
+        self,
+        mode: Literal["stop", "warn"],
+        tolerance: float,
+        metrics: Callable[[str | None], MetricsLogger],
+        exclude: ExcludeFn,
     ) -> None:
-        """`exclude(worker, name)`: leave the worker out of the adapter's rollouts ("warn")."""
-        self.mode, self.tolerance, self.metrics, self.exclude = mode, tolerance, metrics, exclude
-        self._pending: dict[int, _Version] = defaultdict(_Version)
+        """`metrics(variant)`: the logger of a variant's rows (None: the run's one adapter), made once;
+        `exclude(worker, name)`: leave the worker out of the adapter's rollouts ("warn")."""
+        self.mode, self.tolerance, self.exclude = mode, tolerance, exclude
+        self._new_logger, self._loggers = metrics, dict[str | None, MetricsLogger]()
+        self._pending: dict[tuple[str | None, int], _Version] = defaultdict(_Version)
 
     async def __call__(self, worker: InferenceClient, name: str, path: str) -> None:
         """Check `worker` serving adapter `name` loaded from `path`; reload once if it fails."""
@@ -126,14 +135,14 @@ class ServedCheck:
         probe = read_probe_file(folder)
         if probe is None:  # written without a probe (served_check off in the trainer, a variant)
             return
-        version, start = version_of(folder), time.perf_counter()
+        (variant, version), start = version_of(folder), time.perf_counter()
         gaps = await self._gaps(worker, name, probe)
         if gaps.problem(self.tolerance) is not None:
             log.warning("%s, version %d: %s; reloading it once", worker.base_url, version, gaps.figures())
             await worker.unload_adapter(name)
             await worker.load_adapter(name, path)
             gaps = await self._gaps(worker, name, probe)
-        self._record(version, gaps, time.perf_counter() - start)
+        self._record(variant, version, gaps, time.perf_counter() - start)
         if (problem := gaps.problem(self.tolerance)) is not None:
             line = (
                 f"served-adapter check failed: {worker.base_url} serving {name}, version {version}: {problem}: "
@@ -149,15 +158,17 @@ class ServedCheck:
         served = await served_logprobs(worker, name, probe["sequences"])
         return compare(served, probe["logprobs"], probe["base"])
 
-    def _record(self, version: int, gaps: Gaps, seconds: float) -> None:
-        row = self._pending[version]
+    def _record(self, variant: str | None, version: int, gaps: Gaps, seconds: float) -> None:
+        row = self._pending[variant, version]
         row.gap = max(row.gap, gaps.served_trainer)
         row.vs_base = min(row.vs_base, gaps.served_base)
         row.seconds += seconds
 
     def flush(self) -> None:
         """Log the versions checked since the last call, one metrics row each."""
-        for version, row in sorted(self._pending.items()):
+        for (variant, version), row in self._pending.items():
+            if variant not in self._loggers:
+                self._loggers[variant] = self._new_logger(variant)
             figures = {"served/probe_gap": row.gap, "served/vs_base": row.vs_base, "served/check_s": row.seconds}
-            self.metrics.log(version, figures)
+            self._loggers[variant].log(version, figures)
         self._pending.clear()

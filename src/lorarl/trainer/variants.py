@@ -32,6 +32,7 @@ from lorarl.trainer.model import (
     enable_gradient_checkpointing,
     load_model,
 )
+from lorarl.trainer.probe import attach_probe
 from lorarl.trainer.rl import train_step, write_starting_adapter
 from lorarl.trainer.skeleton import Trainer, log_parameters
 from lorarl.variants import Variant, variants_of
@@ -58,6 +59,7 @@ def adapter_name(variant: Variant) -> str:
 def train_variants(cfg: RLConfig) -> None:
     """The RL trainer loop (rl.train) for every variant of `cfg`, step by step, variant by variant."""
     variants = set_up_variants(cfg)
+    attach_probe(variants[0].trainer.model, cfg)  # one model: every variant's versions carry the probe
     metrics = {v.variant.name: v.trainer.metrics_logger("trainer", v.variant.cfg) for v in variants}
     for v in variants:
         write_starting_adapter(v.activate())

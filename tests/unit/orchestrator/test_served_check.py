@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -41,8 +42,8 @@ class Worker:
         pass
 
 
-def broadcast(tmp_path: Path, version: int = 3) -> Path:
-    folder = tmp_path / "broadcasts" / f"step_{version}"
+def broadcast(tmp_path: Path, version: int = 3, variant: str | None = None) -> Path:
+    folder = tmp_path / "broadcasts" / (variant or "") / f"step_{version}"
     folder.mkdir(parents=True)
     (folder / PROBE_FILE).write_text(json.dumps({"sequences": SEQUENCES, "logprobs": TRAINER, "base": BASE}))
     return folder
@@ -50,7 +51,7 @@ def broadcast(tmp_path: Path, version: int = 3) -> Path:
 
 def check(tmp_path: Path, mode: Literal["stop", "warn"] = "stop") -> tuple[ServedCheck, list[tuple[Any, str]]]:
     excluded: list[tuple[Any, str]] = []
-    metrics = MetricsLogger(tmp_path / "metrics.jsonl", "served", MonitorConfig(), "run")
+    metrics = partial(MetricsLogger, tmp_path / "metrics.jsonl", "served", MonitorConfig(), "run")
     return ServedCheck(mode, 1e-3, metrics, lambda w, n: excluded.append((w, n))), excluded
 
 
@@ -135,3 +136,11 @@ def test_the_pool_routes_an_excluded_adapter_to_the_other_workers() -> None:
     assert asyncio.run(picks()) == [b, a]
     pool.exclude(b, "run-step3")  # every worker excluded: the run goes on with them
     assert asyncio.run(pool._pick(0.0, "run-step3")) in (a, b)
+
+
+def test_a_variants_versions_are_logged_as_its_own(tmp_path: Path) -> None:
+    served, _ = check(tmp_path)
+    run_check(served, Worker(TRAINER), "run-step2", broadcast(tmp_path, 2))
+    run_check(served, Worker(TRAINER), "run-rank4-step2", broadcast(tmp_path, 2, "rank4"))
+    served.flush()
+    assert [(r["step"], r.get("variant")) for r in rows(tmp_path)] == [(2, None), (2, "rank4")]
