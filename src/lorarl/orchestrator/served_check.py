@@ -20,6 +20,7 @@ summed).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -100,8 +101,8 @@ def version_of(folder: Path) -> tuple[str | None, int]:
 
 async def served_logprobs(worker: InferenceClient, name: str, sequences: list[list[int]]) -> list[list[float]]:
     """log p(token | tokens before it) of every token but the first of each sequence, as `worker`
-    serves the model `name`."""
-    return [await worker.prompt_logprobs(name, ids) for ids in sequences]
+    serves the model `name` (one request per sequence, sent together)."""
+    return list(await asyncio.gather(*(worker.prompt_logprobs(name, ids) for ids in sequences)))
 
 
 @dataclass
@@ -133,7 +134,7 @@ class ServedCheck:
         """Check `worker` serving adapter `name` loaded from `path`; reload once if it fails."""
         folder = Path(path)
         probe = read_probe_file(folder)
-        if probe is None:  # written without a probe (served_check off in the trainer, a variant)
+        if probe is None:  # written without one: a trainer with served_check "off"
             return
         (variant, version), start = version_of(folder), time.perf_counter()
         gaps = await self._gaps(worker, name, probe)
