@@ -270,7 +270,8 @@ def rl_end_to_end(args: argparse.Namespace, url: str, level: int) -> dict[str, f
     rows = [json.loads(line) for line in (args.out / name / "metrics.jsonl").read_text().splitlines()]
     trainer = [x for x in rows if x["component"] == "trainer"][1:]
     live = [x["perf/adapter_live_s"] for x in rows if "perf/adapter_live_s" in x]
-    checks = [x["served/check_s"] for x in rows if "served/check_s" in x]  # one row per version
+    # One row per version; version 0's check (the server's first prompt logprobs) warms up, as step 1 does.
+    checks = [x["served/check_s"] for x in rows if "served/check_s" in x and x["step"] > 0]
     return {
         "s_per_step": 60 / r["steps_per_min"],
         "trainer_idle": r["trainer_idle_frac"],
