@@ -1,4 +1,4 @@
-"""`inference @ cfg.toml [--worker i]`: one vLLM server exactly as `rl` starts it, on the GPUs `rl`
+"""`lorarl-inference @ cfg.toml [--worker i]`: one vLLM server exactly as `rl` starts it, on the GPUs `rl`
 would give worker i."""
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ from typing import NoReturn
 
 from lorarl.cli.common import load_or_exit
 from lorarl.config.models import RLConfig
-from lorarl.inference.server import vllm_command, vllm_env
+from lorarl.inference.server import vllm_env
 from lorarl.launcher.placement import PlacementError, worker_gpus
+from lorarl.launcher.plan import worker_command
 
 
 def refuse(message: str) -> NoReturn:
@@ -52,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
         gpus = worker_gpus(cfg, worker)
     except PlacementError as e:
         refuse(str(e))
-    cmd, env = vllm_command(cfg, worker), vllm_env(cfg, gpus)
+    cmd, env = worker_command(cfg, worker), vllm_env(cfg, gpus)
     print(" ".join([*(f"{k}={v}" for k, v in env.items()), shlex.join(cmd)]), flush=True)
     if not cfg.dry_run:
         os.execvpe(cmd[0], cmd, {**os.environ, **env})

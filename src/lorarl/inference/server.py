@@ -1,6 +1,8 @@
 """How lorarl starts vLLM's OpenAI server: the command, its environment, the worker URLs.
 
-The same function serves `rl` (which starts the workers) and `inference` (one worker alone).
+The same function serves `rl` (which starts the workers) and `lorarl-inference` (one worker alone).
+The launcher decides what depends on the machine and the model (how many GPUs, whether an adapter
+puts LoRA on MoE experts) and passes it in: inference never imports the launcher.
 """
 
 from __future__ import annotations
@@ -9,8 +11,6 @@ import sys
 
 from lorarl.config.models import VLLM_LORA_RANKS, RLConfig
 from lorarl.inference.cpu_cores import pinned, worker_cores
-from lorarl.launcher.memory_plan import expert_lora
-from lorarl.launcher.placement import visible_gpus
 
 # vLLM worker extensions, imported by the worker processes only (they import vLLM): full fine-tuning's,
 # and LoRA ops on a CPU whose cost does not follow --max-lora-rank (cpu_lora.py).
@@ -23,19 +23,11 @@ def vllm_max_lora_rank(rank: int) -> int:
     return next(r for r in VLLM_LORA_RANKS if r >= rank)
 
 
-def serves_expert_lora(cfg: RLConfig) -> bool:
-    """Whether an adapter of the run (a variant's too) puts LoRA on an MoE model's fused experts, which
-    vLLM loads in PEFT's layout only with --enable-mixed-moe-lora-format (docs/moe.md)."""
-    if cfg.model.full_finetune:
-        return False
-    return any(expert_lora(c.model.name, c.lora) for c in [c for _, c in cfg.variant_configs()] or [cfg])
-
-
-def served_lora_rank(cfg: RLConfig) -> int:
+def served_lora_rank(cfg: RLConfig, experts: bool) -> int:
     """vLLM's --max-lora-rank for the run: room for the largest adapter's rank, twice that with expert
-    LoRA (PEFT gives the fused gate_up_proj rank 2r, and vLLM refuses an adapter whose rank_pattern
-    exceeds --max-lora-rank)."""
-    return vllm_max_lora_rank(cfg.max_lora_rank * (2 if serves_expert_lora(cfg) else 1))
+    LoRA (`experts`: PEFT gives the fused gate_up_proj rank 2r, and vLLM refuses an adapter whose
+    rank_pattern exceeds --max-lora-rank)."""
+    return vllm_max_lora_rank(cfg.max_lora_rank * (2 if experts else 1))
 
 
 def worker_urls(cfg: RLConfig, hosts: list[str] | None = None) -> list[str]:
@@ -47,10 +39,13 @@ def worker_urls(cfg: RLConfig, hosts: list[str] | None = None) -> list[str]:
     return [f"http://{hosts[i] if hosts else inf.host}:{inf.port + i}" for i in range(inf.num_workers)]
 
 
-def vllm_command(cfg: RLConfig, worker: int = 0, host: str | None = None) -> list[str]:
+def vllm_command(cfg: RLConfig, worker: int = 0, host: str | None = None, *, gpus: int, experts: bool) -> list[str]:
     """The command of worker `worker`, listening on `host` (its node's address where Ray placed it) or
-    inference.host; on a machine without GPUs confined to its cores (cpu_cores.py)."""
+    inference.host; on a machine without GPUs (`gpus` == 0) confined to its cores (cpu_cores.py).
+    `experts`: an adapter of the run puts LoRA on MoE experts (memory_plan.serves_expert_lora)."""
     inf = cfg.inference
+    reload = ["--worker-extension-cls", WEIGHT_RELOAD_EXTENSION]  # full fine-tuning: weights, no adapters
+    serving = reload if cfg.model.full_finetune else lora_args(cfg, gpus, experts)
     cmd = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", cfg.model.name,
@@ -59,7 +54,7 @@ def vllm_command(cfg: RLConfig, worker: int = 0, host: str | None = None) -> lis
         "--host", host or inf.host,
         "--port", str(inf.port + worker),
         "--seed", str(cfg.seed),
-        *(["--worker-extension-cls", WEIGHT_RELOAD_EXTENSION] if cfg.model.full_finetune else lora_args(cfg)),
+        *serving,
         # Logprobs of the distribution actually sampled from (temperature applied), which is what
         # the trainer computes; vLLM's default is the raw model distribution.
         "--logprobs-mode", "processed_logprobs",
@@ -68,18 +63,18 @@ def vllm_command(cfg: RLConfig, worker: int = 0, host: str | None = None) -> lis
         *(["--api-key", inf.api_key] if inf.api_key else []),
         *inf.extra_args,
     ]  # fmt: skip
-    cores = worker_cores(cfg, worker) if visible_gpus(cfg) == 0 else None
+    cores = worker_cores(cfg, worker) if gpus == 0 else None
     return cmd if cores is None else pinned(cmd, cores)
 
 
-def lora_args(cfg: RLConfig) -> list[str]:
+def lora_args(cfg: RLConfig, gpus: int, experts: bool) -> list[str]:
     """Serving the adapters: every variant's ([[variants]]) share the server, so room for the largest
     rank and all their slots; on a CPU, with LoRA ops whose cost does not grow with that rank; with
     expert LoRA, the flag that loads PEFT's fused expert layout (docs/moe.md)."""
     max_loras = [] if cfg.inference.given_max_loras is not None else ["--max-loras", str(cfg.adapter_slots)]
-    cpu_ops = ["--worker-extension-cls", CPU_LORA_EXTENSION] if visible_gpus(cfg) == 0 else []
-    experts = ["--enable-mixed-moe-lora-format"] if serves_expert_lora(cfg) else []
-    return ["--enable-lora", "--max-lora-rank", str(served_lora_rank(cfg)), *max_loras, *cpu_ops, *experts]
+    cpu_ops = ["--worker-extension-cls", CPU_LORA_EXTENSION] if gpus == 0 else []
+    fused = ["--enable-mixed-moe-lora-format"] if experts else []
+    return ["--enable-lora", "--max-lora-rank", str(served_lora_rank(cfg, experts)), *max_loras, *cpu_ops, *fused]
 
 
 def vllm_env(cfg: RLConfig, gpus: str | None = None) -> dict[str, str]:

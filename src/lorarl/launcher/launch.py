@@ -75,7 +75,7 @@ def launch(cfg: RLConfig, run: RunFolder, specs: list[ProcessSpec], placement: P
 def supervise(
     cfg: RLConfig, run: RunFolder, specs: list[ProcessSpec], supervisor: Supervisor | RayCluster, placement: Placement
 ) -> int:
-    workers = [s for s in specs if s.name.startswith("inference-")]
+    workers = [s for s in specs if s.role == "inference"]
     roles = [s for s in specs if s not in workers]
     for spec in workers:
         start(supervisor, spec)
@@ -105,7 +105,7 @@ def supervise(
             return 0
         if failed := supervisor.failed():
             name, code = failed
-            if name.startswith("inference-") and restarts[name] < cfg.inference.max_restarts:
+            if name in {s.name for s in workers} and restarts[name] < cfg.inference.max_restarts:
                 restarts[name] += 1
                 log.warning("%s exited with code %d; restart %d of %d (inference.max_restarts)", name, code,
                             restarts[name], cfg.inference.max_restarts)  # fmt: skip
@@ -140,7 +140,7 @@ def resume_roles(
     supervisor.stop([s.name for s in roles])
     run.clear_regenerated()
     resumed = cfg.model_copy(update={"resume": ResumeConfig()})
-    new_roles = [s for s in plan_run(resumed, run, placement) if not s.name.startswith("inference-")]
+    new_roles = [s for s in plan_run(resumed, run, placement) if s.role != "inference"]
     for spec in new_roles:
         start(supervisor, spec)
     return new_roles
@@ -156,7 +156,7 @@ def report_failure(supervisor: Supervisor | RayCluster, name: str, code: int) ->
     code 2, its reason the last line of its log: a run_name another run's adapters hold, a server that
     is not vLLM) is that one line, and `rl` exits 2 as for any bad input."""
     tail = supervisor.tail(name)
-    if code == 2 and not name.startswith("inference-") and tail.strip():
+    if code == 2 and name in {"orchestrator", "trainer"} and tail.strip():
         log.error("%s: %s", name, tail.strip().splitlines()[-1].removeprefix("error: "))
         return 2
     log.error("%s exited with code %d; stopping the run. Last lines of %s:\n%s", name, code,

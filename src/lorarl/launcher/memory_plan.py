@@ -220,6 +220,14 @@ def expert_lora(name: str, lora: LoraConfig) -> list[str]:
     return [] if model_config(name) is None else _meta_adapter(name, lora.model_dump_json())[1]
 
 
+def serves_expert_lora(cfg: RLConfig) -> bool:
+    """Whether an adapter of the run (a variant's too) puts LoRA on an MoE model's fused experts, which
+    vLLM loads in PEFT's layout only with --enable-mixed-moe-lora-format (docs/moe.md)."""
+    if cfg.model.full_finetune:
+        return False
+    return any(expert_lora(c.model.name, c.lora) for c in [c for _, c in cfg.variant_configs()] or [cfg])
+
+
 @functools.cache
 def _meta_adapter(name: str, lora_json: str) -> tuple[int, list[str]]:
     from lorarl.trainer.model import apply_lora, fused_expert_parameters
@@ -409,7 +417,8 @@ def _vllm_plan(cfg: RLConfig, shape: ModelShape, slot: Slot, device_gib: float, 
     lora = 0
     if not cfg.model.full_finetune:
         per_rank = adapter_parameters(shape.name, cfg.lora) / cfg.lora.rank  # linear in the rank
-        lora = round(per_rank * served_lora_rank(cfg) * (inf.given_max_loras or cfg.adapter_slots))
+        slots = inf.given_max_loras or cfg.adapter_slots
+        lora = round(per_rank * served_lora_rank(cfg, serves_expert_lora(cfg)) * slots)
     budget = inf.memory_fraction * device_gib
     parts, kv_per_token = vllm_parts(shape, b, inf.tensor_parallel_size, lora, budget)
     kv_gib = budget - sum(p.gib for p in parts[:-1])

@@ -7,14 +7,16 @@ import os
 import shlex
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from lorarl.config.models import RLConfig
 from lorarl.inference.server import vllm_command, vllm_env, worker_urls
-from lorarl.launcher.placement import Placement, cuda_visible_devices
+from lorarl.launcher.memory_plan import serves_expert_lora
+from lorarl.launcher.placement import Placement, cuda_visible_devices, visible_gpus
 from lorarl.run_folder import RunFolder
 from lorarl.written import record_written
 
+Role = Literal["inference", "orchestrator", "trainer"]
 _SHARED = {"max_steps", "seq_len", "output_dir", "run_name", "seed", "monitor", "resume", "variants"}
 # The sections each process reads; `trainer @ configs/trainer.json` reproduces that process alone.
 _SECTIONS = {
@@ -28,12 +30,18 @@ _PARTS: dict[str, dict[str, Any]] = {"trainer": {"orchestrator": {"sampling": Tr
 
 @dataclass
 class ProcessSpec:
-    name: str
+    name: str  # its log's name: inference-0, trainer, ...
     cmd: list[str]
     env: dict[str, str] = field(default_factory=dict)  # added to the launcher's environment
+    role: Role = field(kw_only=True)  # what the launcher does when it exits (a worker restarts alone)
 
     def shell(self) -> str:
         return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in self.env.items()), shlex.join(self.cmd)])
+
+
+def worker_command(cfg: RLConfig, worker: int = 0, host: str | None = None) -> list[str]:
+    """vLLM worker `worker`'s command on this machine (its GPU count, or dry_run_devices)."""
+    return vllm_command(cfg, worker, host, gpus=visible_gpus(cfg), experts=serves_expert_lora(cfg))
 
 
 def plan_run(cfg: RLConfig, run: RunFolder, placement: Placement) -> list[ProcessSpec]:
@@ -67,15 +75,19 @@ def plan_run(cfg: RLConfig, run: RunFolder, placement: Placement) -> list[Proces
 
     specs = [
         ProcessSpec(
-            f"inference-{i}", vllm_command(cfg, i, hosts[i] if hosts else None), vllm_env(cfg, gpus(f"inference-{i}"))
+            f"inference-{i}",
+            worker_command(cfg, i, hosts[i] if hosts else None),
+            vllm_env(cfg, gpus(f"inference-{i}")),
+            role="inference",
         )
         for i in range(0 if cfg.inference.urls else cfg.inference.num_workers)
     ]
-    for role in ("orchestrator", "trainer"):
+    roles: tuple[Role, Role] = ("orchestrator", "trainer")
+    for role in roles:
         cmd = [*_launcher(cfg, role, placement.ray), "-m", f"lorarl.cli.{role}", "@", str(run.configs / f"{role}.json")]
         # The trainer's ranks see their GPUs as cuda:0..dp-1 and each takes cuda:LOCAL_RANK.
         env = {"CUDA_VISIBLE_DEVICES": devices} if role == "trainer" and (devices := gpus(role)) else {}
-        specs.append(ProcessSpec(role, cmd, env))
+        specs.append(ProcessSpec(role, cmd, env, role=role))
     (run.configs / "commands.txt").write_text("".join(f"# {s.name}\n{s.shell()}\n" for s in specs))
     (run.configs / "placement.txt").write_text(placement.table())
     names = [*(f"{role}.json" for role in _SECTIONS), "commands.txt", "placement.txt"]

@@ -20,6 +20,7 @@ proves it sees the same one: each writes a probe file there that every other nod
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -125,7 +126,7 @@ class ProcessHost:
         # The interpreter of this node, where rl's own (`python`) stands in the command.
         cmd = [sys.executable if part == python else part for part in spec.cmd]
         self.supervisor = self.supervisor or Supervisor(Path(log_dir))
-        return self.supervisor.start(ProcessSpec(spec.name, cmd, spec.env)).pid
+        return self.supervisor.start(dataclasses.replace(spec, cmd=cmd)).pid
 
     def poll(self) -> int | None:
         procs = self.supervisor.procs if self.supervisor else {}
@@ -260,7 +261,12 @@ class RayCluster:
             port = ray.get(self.hosts[mine[0]].free_port.remote())
             env |= {"WORLD_SIZE": str(len(mine)), "MASTER_ADDR": self.nodes[mine[0]][1], "MASTER_PORT": str(port),
                     "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}  # fmt: skip # Ray shows each rank its own GPU
-        specs = {i: ProcessSpec(self._log_name(i), self._command(spec, i), env | self._rank_env(i)) for i in mine}
+        specs = {
+            i: dataclasses.replace(
+                spec, name=self._log_name(i), cmd=self._command(spec, i), env=env | self._rank_env(i)
+            )
+            for i in mine
+        }
         try:
             ray.get([self.hosts[i].start.remote(s, sys.executable, f"{self.roots[i]}/logs") for i, s in specs.items()])
         except ray.exceptions.RayError as e:  # e.g. a worker restarted on a node that is gone

@@ -6,7 +6,7 @@ import pytest
 
 from lorarl.config.models import RLConfig
 from lorarl.inference.cpu_cores import omp_threads_bind, worker_cores
-from lorarl.inference.server import vllm_command
+from lorarl.launcher.plan import worker_command
 
 
 def cfg(**inference) -> RLConfig:
@@ -34,15 +34,15 @@ def test_workers_that_need_every_core_spread_over_all_and_a_restart_gets_the_sam
 def test_no_pinning_with_cpu_threads_none() -> None:
     c = cfg(cpu_threads=None)
     assert worker_cores(c, 0, [0, 1]) is None
-    assert vllm_command(c)[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert worker_command(c)[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
 
 
 def test_the_cpu_command_is_pinned_and_on_gpus_it_is_not() -> None:
-    cmd = vllm_command(cfg())
+    cmd = worker_command(cfg())
     assert cmd[1:5] == ["-m", "lorarl.inference.cpu_cores", omp_threads_bind(worker_cores(cfg(), 0) or []), "--"]
     assert cmd[5:8] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
     gpus = RLConfig.model_validate({"model": {"name": "m"}, "dry_run": True, "dry_run_devices": 2})
-    assert vllm_command(gpus)[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert worker_command(gpus)[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this platform")

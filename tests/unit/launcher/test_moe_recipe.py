@@ -8,9 +8,10 @@ from pathlib import Path
 
 from lorarl.config.loader import load_config
 from lorarl.config.models import LoraConfig, RLConfig
-from lorarl.inference.server import served_lora_rank, vllm_command
-from lorarl.launcher.memory_plan import adapter_parameters, expert_lora, rl_memory_plan
+from lorarl.inference.server import served_lora_rank
+from lorarl.launcher.memory_plan import adapter_parameters, expert_lora, rl_memory_plan, serves_expert_lora
 from lorarl.launcher.placement import place
+from lorarl.launcher.plan import worker_command
 
 REPO = Path(__file__).resolve().parents[3]
 RECIPE = REPO / "configs/gpu/moe_math/8gpu.toml"
@@ -33,8 +34,8 @@ def test_expert_lora_counts_every_expert_at_peft_ranks() -> None:
 def test_the_moe_recipe_fits_with_expert_lora_in_every_process() -> None:
     cfg = load_config(RLConfig, ["@", str(RECIPE), "--dry-run", "--dry-run-devices", "8"])
     assert cfg.model.name == QWEN3_30B_A3B and cfg.lora.target_modules == LoraConfig().target_modules
-    assert served_lora_rank(cfg) == 16  # rank 8, gate_up_proj at 16
-    command = vllm_command(cfg)
+    assert served_lora_rank(cfg, serves_expert_lora(cfg)) == 16  # rank 8, gate_up_proj at 16
+    command = worker_command(cfg)
     assert "--enable-mixed-moe-lora-format" in command and command[command.index("--max-lora-rank") + 1] == "16"
     plan = rl_memory_plan(cfg, place(cfg, 8))
     assert plan.problem() is None, plan.table()

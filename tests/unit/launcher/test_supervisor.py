@@ -28,7 +28,7 @@ MEMBER = "import signal, time\n{}time.sleep(600)"
 
 def leader(name: str, deaf: bool = False) -> ProcessSpec:
     member = MEMBER.format("signal.signal(signal.SIGTERM, signal.SIG_IGN)\n" if deaf else "")
-    return ProcessSpec(name, [sys.executable, "-c", LEADER, member])
+    return ProcessSpec(name, [sys.executable, "-c", LEADER, member], role="trainer")
 
 
 def member_pid(sup: Supervisor, name: str) -> int:
@@ -84,7 +84,7 @@ def test_stop_all_reaches_the_group_of_a_leader_already_gone(sup: Supervisor) ->
 
 
 def test_a_finished_run_leaves_its_log_and_no_group(sup: Supervisor) -> None:
-    proc = sup.start(ProcessSpec("orchestrator", [sys.executable, "-c", "print('done')"]))
+    proc = sup.start(ProcessSpec("orchestrator", [sys.executable, "-c", "print('done')"], role="orchestrator"))
     assert proc.wait(timeout=30) == 0 and sup.finished(["orchestrator"])
     assert sup.stop(["orchestrator"], grace=1) == 0
     assert sup.tail("orchestrator") == "done\n"

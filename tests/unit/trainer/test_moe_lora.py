@@ -33,7 +33,7 @@ from vllm.model_executor.models.qwen3_moe import Qwen3MoeForCausalLM as VllmQwen
 from lorarl.config.loader import load_config
 from lorarl.config.models import LoraConfig, RLConfig, SFTConfig
 from lorarl.inference.client import fused_expert_lora
-from lorarl.inference.server import vllm_command
+from lorarl.launcher.plan import worker_command
 from lorarl.rollouts import RolloutBatch
 from lorarl.run_folder import RunFolder
 from lorarl.tiny_model import build_moe_model, save_tiny_model
@@ -57,7 +57,7 @@ def vllm_loads(folder: Path, cfg: RLConfig) -> LoRAModel:
     """The adapter as a vLLM worker loads it for a Qwen3-MoE served as `rl` starts it for `cfg`
     (--enable-mixed-moe-lora-format, and a load request with is_3d_lora_weight = true), its expert LoRA
     split into per-expert w1/w2/w3."""
-    command = vllm_command(cfg)
+    command = worker_command(cfg)
     assert "--enable-mixed-moe-lora-format" in command
     assert fused_expert_lora(str(folder))  # so the orchestrator's load request says is_3d_lora_weight
     helper = PEFTHelper.from_local_dir(str(folder), max_position_embeddings=2048)
