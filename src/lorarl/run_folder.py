@@ -94,6 +94,8 @@ class RunFolder:
     final = property(lambda self: self.root / "final")
     plots = property(lambda self: self.root / "plots")
     marker = property(lambda self: self.root / MARKER)
+    broadcasts = property(lambda self: self._steps("broadcasts"))  # the step_N adapters of this view
+    rollouts_folder = property(lambda self: self._steps("rollouts"))  # the step_N batches of this view
 
     def rollouts(self, step: int) -> Path:
         return self._steps("rollouts") / f"step_{step}"

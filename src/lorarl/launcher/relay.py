@@ -26,6 +26,11 @@ from lorarl.written import MANIFEST, remove_folder
 log = logging.getLogger("lorarl.rl")
 
 
+def _on(root: str) -> RunFolder:
+    """The run folder at `root` on another node (its path there), which owns the names inside it."""
+    return RunFolder(Path(root))
+
+
 def read_folder(folder: str) -> dict[str, bytes]:
     """Every file of `folder` (an adapter, a batch), by path relative to it; STABLE and MANIFEST.json,
     which the writer adds, left out."""
@@ -124,23 +129,23 @@ class Relay:
         import ray
 
         host, root = self.trainer
-        for step in sorted(set(ray.get(host.call.remote(stable_steps, f"{root}/broadcasts"))) - self.adapters):
-            files = host.call.remote(read_folder, f"{root}/broadcasts/step_{step}")  # stays in the object store
-            dest = f"broadcasts/step_{step}"
-            ray.get([h.call.remote(write_folder, f"{r}/{dest}", files, True) for h, r in self.inference])
+        trainer = _on(root)  # the trainer node's copy of the run folder
+        for step in sorted(set(ray.get(host.call.remote(stable_steps, str(trainer.broadcasts)))) - self.adapters):
+            files = host.call.remote(read_folder, str(trainer.broadcast(step)))  # stays in the object store
+            ray.get([h.call.remote(write_folder, str(_on(r).broadcast(step)), files, True) for h, r in self.inference])
             write_folder(str(self.run.broadcast(step)), ray.get(files), stable=True)  # the orchestrator sees it now
             self.adapters.add(step)
-        for step in sorted(self.adapters - set(step_folders(self.run.root / "broadcasts"))):
+        for step in sorted(self.adapters - set(step_folders(self.run.broadcasts))):
             # The orchestrator deleted it (orchestrator.delete_old_broadcasts): so do the nodes.
-            ray.get([h.call.remote(remove, f"{r}/broadcasts/step_{step}") for h, r in [self.trainer, *self.inference]])
+            ray.get([h.call.remote(remove, str(_on(r).broadcast(step))) for h, r in [self.trainer, *self.inference]])
             self.adapters.discard(step)
-        for step in sorted(set(step_folders(self.run.root / "rollouts")) - self.batches):
+        for step in sorted(set(step_folders(self.run.rollouts_folder)) - self.batches):
             batch = read_folder(str(self.run.rollouts(step)))
-            ray.get([h.call.remote(write_folder, f"{r}/rollouts/step_{step}", batch, False) for h, r in self.trainers])
+            ray.get([h.call.remote(write_folder, str(_on(r).rollouts(step)), batch, False) for h, r in self.trainers])
             self.batches.add(step)
             if not self.keep_rollouts:  # the trainer deletes its node's copy once trained on
                 remove(str(self.run.rollouts(step)))
-        lines, self.metrics_offset = ray.get(host.call.remote(read_lines, f"{root}/metrics.jsonl", self.metrics_offset))
+        lines, self.metrics_offset = ray.get(host.call.remote(read_lines, str(trainer.metrics), self.metrics_offset))
         if lines:
             with open(self.run.metrics, "ab") as f:
                 f.write(lines)
