@@ -1,5 +1,5 @@
 """The environment scripts/setup.sh builds: transformers model classes and vLLM both import, and
-lorarl-plot runs (its console script is installed)."""
+lorarl-plot runs, and the console scripts carry their names."""
 
 import importlib.util
 import subprocess
@@ -32,3 +32,18 @@ def test_lorarl_plot_console_script(tmp_path: Path) -> None:
     out = subprocess.run([str(script), str(run)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.splitlines() == [str(run / "plots" / "overview.png"), str(run / "plots" / "sft_loss.png")]
+
+
+def test_console_scripts_are_rl_sft_and_lorarl_prefixed() -> None:
+    """Generic names (merge, trainer, orchestrator, inference) would collide with other tools on a
+    user's PATH: every command but rl and sft carries the lorarl- prefix, and the old names are gone."""
+    import tomllib
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    names = set(pyproject["project"]["scripts"])
+    assert names == {"rl", "sft"} | {f"lorarl-{n}" for n in ("plot", "merge", "trainer", "orchestrator", "inference")}
+    bin_dir = Path(sys.executable).parent
+    assert all((bin_dir / n).exists() for n in names)
+    assert not [n for n in ("merge", "trainer", "orchestrator", "inference") if (bin_dir / n).exists()]
+    out = subprocess.run([str(bin_dir / "lorarl-merge"), "--help"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.startswith("usage: lorarl-merge"), out.stderr[-3000:]

@@ -1,4 +1,4 @@
-"""`merge --base MODEL --adapter ADAPTER --out FOLDER`: fold a LoRA adapter into its base model.
+"""`lorarl-merge --base MODEL --adapter ADAPTER --out FOLDER`: fold a LoRA adapter into its base model.
 
 Writes one Hugging Face model folder (weights, config, tokenizer) that transformers and vLLM load
 like any model, e.g. the result of `sft` (`<run>/final`) or an RL broadcast (`broadcasts/step_N`).
@@ -18,7 +18,9 @@ from lorarl.run_folder import RunFolderError
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="merge", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="lorarl-merge", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
     parser.add_argument("--base", required=True, help="the base model folder (or hub id) the adapter was trained on")
     parser.add_argument("--adapter", required=True, type=Path, help="a PEFT LoRA adapter folder")
     parser.add_argument(

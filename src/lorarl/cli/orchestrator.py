@@ -1,6 +1,6 @@
-"""`orchestrator @ cfg.toml`: the rollout loop alone (reads [model], [orchestrator], [inference]).
+"""`lorarl-orchestrator @ cfg.toml`: the rollout loop alone (reads [model], [orchestrator], [inference]).
 
-Run alone, it writes only into a run folder that lorarl prepared (see `trainer`).
+Run alone, it writes only into a run folder that lorarl prepared (see `lorarl-trainer`).
 """
 
 from __future__ import annotations

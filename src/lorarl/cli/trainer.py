@@ -1,4 +1,4 @@
-"""`trainer @ cfg.toml`: the RL trainer alone (reads [model], [trainer] and the top-level keys).
+"""`lorarl-trainer @ cfg.toml`: the RL trainer alone (reads [model], [trainer] and the top-level keys).
 
 Run alone, it writes only into a run folder that lorarl prepared (its run.json: `rl`, or `rl --dry-run`,
 makes it), so that it never writes among a user's files.
