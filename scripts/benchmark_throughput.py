@@ -6,7 +6,7 @@ The workload (issue 16): a 24M-parameter Qwen3-shaped model (hidden 512, 8 layer
 `lorarl.tiny_model`), reverse_text prompts, 16 prompts x 8 rollouts = 128 completions of up to 32
 tokens per step, LoRA rank 8 on the 7 projections, fp32. It measures
 
-  (a) vLLM generation alone, the adapter loaded: one server as `rl` starts it (`inference`, pinned
+  (a) vLLM generation alone, the adapter loaded: one server as `rl` starts it (`lorarl-inference`, pinned
       to its cores on a machine without GPUs), 128 requests per step;
   (b) the training floor: plain PyTorch + PEFT forward/backward (logits -> log-softmax gather of the
       sampled tokens -> a simple loss -> backward) and AdamW on the same number of tokens, one sample

@@ -56,7 +56,7 @@ def free_port(consecutive: int = 1) -> int:
 @contextlib.contextmanager
 def serve_vllm(tiny_model: Path, log: Path, *vllm_args: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """A vLLM server of `tiny_model` (its url and process, the leader of its own process group),
-    started with lorarl's own `inference` entry point, so it runs exactly the command `rl` would;
+    started with lorarl's own `lorarl-inference` entry point, so it runs exactly the command `rl` would;
     its output goes to `log`. Room for adapters of several runs (max_async_level 2). `vllm_args`:
     more flags for vLLM (inference.extra_args)."""
     port = free_port()

@@ -152,7 +152,7 @@ def place(cfg: RLConfig, gpus: int) -> Placement:
 def inference_gpus(cfg: RLConfig, gpus: int) -> list[tuple[int, ...]]:
     """The GPUs of each vLLM worker (inference.num_workers of them) on a machine with `gpus` GPUs:
     inference.gpu_ids, or the first free ones (those not in trainer.gpu_ids unless colocated). The
-    trainer's own default never moves them, so `inference @ cfg --worker i` picks what `rl` would."""
+    trainer's own default never moves them, so `lorarl-inference @ cfg --worker i` picks what `rl` would."""
     inf = cfg.inference
     size = inf.tensor_parallel_size
     need = inf.num_workers * size
@@ -233,7 +233,7 @@ def cuda_visible_devices(gpus: tuple[int, ...], parent: str | None) -> str:
 
 
 def worker_gpus(cfg: RLConfig, worker: int) -> str | None:
-    """CUDA_VISIBLE_DEVICES of `inference --worker i`: the GPUs `rl` would give worker i (whatever
+    """CUDA_VISIBLE_DEVICES of `lorarl-inference --worker i`: the GPUs `rl` would give worker i (whatever
     inference.urls says); None on a machine without GPUs."""
     gpus = visible_gpus(cfg)
     if gpus == 0:

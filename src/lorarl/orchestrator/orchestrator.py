@@ -1,4 +1,4 @@
-"""The orchestrator loop: `Orchestrator.run`, and `orchestrate`, the `orchestrator` process.
+"""The orchestrator loop: `Orchestrator.run`, and `orchestrate`, the `lorarl-orchestrator` process.
 
 Rollouts are sampled in groups (`rollouts_per_example` episodes of one example). Each group is
 drawn for one trainer step N and launched as soon as the newest loaded policy v may be used for

@@ -1,4 +1,4 @@
-"""Bad input to `rl`, `sft` and `merge`, the table's first part: the command line, config files, the
+"""Bad input to `rl`, `sft` and `lorarl-merge`, the table's first part: the command line, config files, the
 model, trainer, run folder, environments, inference, placement, sft data and merge. Each case is
 refused with exit code 2 and one line that names the key, file or line at fault, no traceback, and no
 file written or deleted anywhere (see `bad_inputs.assert_refused`).

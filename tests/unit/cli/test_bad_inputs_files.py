@@ -3,7 +3,7 @@
 files, `/dev/null`, unwritable or too long, and metrics that no plot can draw. Each case is refused
 with exit code 2 and one line naming the file or key at fault, and leaves every file as it was (see
 `bad_inputs.assert_refused`). The tests after the table check that the commands which do replace
-lorarl's files (`rl --overwrite`, `merge --overwrite`, `lorarl-plot --out`) keep a user's file.
+lorarl's files (`rl --overwrite`, `lorarl-merge --overwrite`, `lorarl-plot --out`) keep a user's file.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def run_args(w: Workspace, output_dir: str, run_name: str) -> list[str]:
 
 
 def alone(output_dir: str, run_name: str) -> Callable[[Workspace], list[str]]:
-    """`trainer` or `orchestrator` args, run alone on this run folder."""
+    """`lorarl-trainer` or `lorarl-orchestrator` args, run alone on this run folder."""
     return lambda w: run_args(w, output_dir, run_name)
 
 

@@ -1,7 +1,7 @@
 """Bad input about the inference servers: inference.urls naming something that is not a vLLM server
 serving model.name (a plain HTTP server, a closed port, a server that never answers, another model, a
 wrong key, a url with a path or the wrong scheme), and out-of-range request timeouts and worker
-settings, given to `rl --dry-run`, `orchestrator` run alone and `inference`. Each is refused within
+settings, given to `rl --dry-run`, `lorarl-orchestrator` run alone and `lorarl-inference`. Each is refused within
 seconds with exit code 2 and one line naming the key and url at fault, no traceback, nothing written
 (see `bad_inputs.assert_refused`). The servers are real sockets on loopback: Python's http.server for
 the servers that are not vLLM, the loopback vLLM stand-in of the inference unit tests for the vLLM
@@ -103,7 +103,7 @@ def https(name: str) -> Callable[[Workspace], list[str]]:
 
 
 def alone(*args: str, server: str | None = None) -> Callable[[Workspace], list[str]]:
-    """`orchestrator` run alone in the workspace's finished run folder (one lorarl prepared)."""
+    """`lorarl-orchestrator` run alone in the workspace's finished run folder (one lorarl prepared)."""
     return lambda w: ["--model.name", str(w.model), "--output_dir", str(w.out), "--run_name", "previous",
                       *(["--inference.urls", urls(server)] if server else []), *args]  # fmt: skip
 
@@ -146,7 +146,7 @@ CASES: list[Case] = [
     ("rl", rl_args("--inference.unavailable_timeout", "0"), f"inference.unavailable_timeout: {POSITIVE}"),
     ("inference", inference_args("--inference.startup_timeout", "-1"), f"inference.startup_timeout: {POSITIVE}"),
     ("rl", rl_args("--inference.max_restarts", "-1"), "inference.max_restarts: Input should be greater than or"),
-    # Worker settings of `inference`.
+    # Worker settings of `lorarl-inference`.
     ("inference", inference_args("--inference.tensor_parallel_size", "0"), "inference.tensor_parallel_size: Input"),
     ("inference", inference_args("--inference.gpu_memory_utilization", "1.5"), "gpu_memory_utilization: Input"),
     ("inference", inference_args("--inference.cpu_threads", "0"), "inference.cpu_threads: Input"),

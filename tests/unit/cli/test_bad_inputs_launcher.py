@@ -1,5 +1,5 @@
 """Bad input to what starts and places the processes: [cluster] (the Ray address in its wrong forms,
-timeouts, bundle resources, settings that need another backend) and `inference --worker`. Each is
+timeouts, bundle resources, settings that need another backend) and `lorarl-inference --worker`. Each is
 refused with exit code 2 and one line naming the key or flag at fault, no traceback, nothing written
 (see `bad_inputs.assert_refused`); `rl` cases run with `--dry-run`."""
 
@@ -49,7 +49,7 @@ CASES: list[Case] = [
     ("rl", ray_args("--inference.colocate_with_trainer"), "inference.colocate_with_trainer"),
     ("rl", ray_args("--trainer.gpu_ids", "[0]"), "trainer.gpu_ids = [0]"),
     ("rl", rl_args("--no-cluster.shared_fs"), "cluster.shared_fs = false is for"),
-    # `inference --worker i`: which of inference.num_workers to start.
+    # `lorarl-inference --worker i`: which of inference.num_workers to start.
     ("inference", inference_args("--worker", "x"), "--worker x: expected a worker number"),
     ("inference", inference_args("--worker"), "--worker: expected a worker number"),
     ("inference", inference_args("--worker", "-1"), "--worker -1: expected a worker number"),

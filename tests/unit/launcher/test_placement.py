@@ -99,7 +99,7 @@ def test_explicit_gpu_ids() -> None:
 def test_urls_start_no_worker_and_keep_the_trainer_off_their_gpus() -> None:
     p = place(cfg({"urls": ["http://127.0.0.1:9000"]}), 1)  # the servers are elsewhere
     assert gpus_of(p) == {"orchestrator": (), "trainer": (0,)}
-    p = place(cfg({"urls": ["http://127.0.0.1:9000"], "gpu_ids": [0]}), 2)  # started with `inference` on gpu 0
+    p = place(cfg({"urls": ["http://127.0.0.1:9000"], "gpu_ids": [0]}), 2)  # started with `lorarl-inference` on gpu 0
     assert p["trainer"].gpus == (1,) and p.external == (0,) and p.idle == ()
     assert "vLLM servers at inference.urls: gpu 0" in p.table()
 
