@@ -18,7 +18,7 @@ from lorarl.written import record_written
 
 Role = Literal["inference", "orchestrator", "trainer"]
 _SHARED = {"max_steps", "seq_len", "output_dir", "run_name", "seed", "monitor", "resume", "variants"}
-# The sections each process reads; `trainer @ configs/trainer.json` reproduces that process alone.
+# The sections each process reads; `lorarl-trainer @ configs/trainer.json` reproduces that process alone.
 _SECTIONS = {
     "trainer": {"model", "trainer"} | _SHARED,
     "orchestrator": {"model", "orchestrator", "inference", "trainer"} | _SHARED,  # trainer.ckpt: when to checkpoint
@@ -51,7 +51,7 @@ def plan_run(cfg: RLConfig, run: RunFolder, placement: Placement) -> list[Proces
     run.configs.mkdir(parents=True, exist_ok=True)
     cfg = cfg.model_copy(deep=True)  # resolved values go to the per-process configs, not the user's object
     if placement.on_gpu:
-        # The GPUs as placed, so that `inference @ configs/inference.json --worker i` picks the same.
+        # The GPUs as placed, so that `lorarl-inference @ configs/inference.json --worker i` picks the same.
         if not cfg.inference.urls:
             cfg.inference.gpu_ids = [g for s in placement.slots if s.name.startswith("inference-") for g in s.gpus]
         cfg.trainer.gpu_ids = list(placement["trainer"].gpus)
