@@ -367,6 +367,13 @@ class TrainerConfig(Section):
     """Recompute each layer's activations in the backward pass: far less activation memory, for one more
     forward pass per micro-batch. False: keep them."""
     logits_chunk_size: int = Field(DEFAULT_LOGITS_CHUNK_SIZE, ge=0, description=LOGITS_CHUNK_DOC)
+    policy_gap_interval: int | None = Field(None, ge=1)
+    """Every N steps, split the trainer/vLLM logprob gap of the batch into mismatch/policy_moved (the
+    trainer now against the trainer at each rollout's policy version) and mismatch/serving (the trainer at
+    that version against vLLM): means of |Δ log π| over the loss tokens. It keeps the adapter weights of
+    the last max_async_level + 1 versions in host memory and costs one more no_grad forward pass of the
+    batch, and one of its samples of older versions, on the steps it runs (time/policy_gap). LoRA only,
+    without fsdp. None: never."""
     num_threads: int | None = Field(None, ge=1)
     """Torch CPU threads of each trainer rank. None: torch's default, except that `rl` starting vLLM
     workers on a machine without a GPU leaves one core per worker to vLLM (sharing a core with its worker
@@ -1000,6 +1007,13 @@ class RLConfig(SharedConfig):
     def _rl_trains_lora(self) -> RLConfig:
         if self.model.lora is None and not self.model.full_finetune:
             self.model.lora = LoraConfig()
+        return self
+
+    @model_validator(mode="after")
+    def _policy_gap_keeps_adapters(self) -> RLConfig:
+        if self.trainer.policy_gap_interval is not None and (self.model.full_finetune or self.trainer.parallel.fsdp):
+            what = "model.full_finetune (each version is a whole model)" if self.model.full_finetune else "fsdp"
+            raise ValueError(f"trainer.policy_gap_interval keeps the adapter of each version: not with {what}")
         return self
 
     @model_validator(mode="after")

@@ -24,8 +24,9 @@ _SECTIONS = {
     "orchestrator": {"model", "orchestrator", "inference", "trainer"} | _SHARED,  # trainer.ckpt: when to checkpoint
     "inference": {"model", "inference", "orchestrator"} | _SHARED,
 }
-# And parts of sections: the trainer scores tokens over what vLLM sampled from (top_p, top_k: loss.Nucleus).
-_PARTS: dict[str, dict[str, Any]] = {"trainer": {"orchestrator": {"sampling": True}}}
+# And parts of sections: the trainer scores tokens over what vLLM sampled from (top_p, top_k: loss.Nucleus),
+# and keeps the adapters of the versions rollouts may come from (max_async_level: trainer/policy_gap.py).
+_PARTS: dict[str, dict[str, Any]] = {"trainer": {"orchestrator": {"sampling": True, "max_async_level": True}}}
 
 
 @dataclass

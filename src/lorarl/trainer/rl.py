@@ -42,6 +42,7 @@ from lorarl.trainer.model import (
     peak_memory_gib,
 )
 from lorarl.trainer.packing import PackedBatch
+from lorarl.trainer.policy_gap import PolicyHistory, step_policy_gap
 from lorarl.trainer.probe import attach_probe
 from lorarl.trainer.skeleton import Model, PassLoss, Trainer, forward_backward_step
 from lorarl.written import remove_folder
@@ -60,24 +61,31 @@ def train(cfg: RLConfig) -> None:
     trainer = Trainer.set_up(cfg, lambda: rl_model(cfg))
     attach_probe(trainer.model, cfg)  # every version written carries the served-adapter check's probe
     metrics = trainer.metrics_logger("trainer", cfg)
-    write_starting_adapter(trainer)
+    history = PolicyHistory.for_config(cfg)
+    write_starting_adapter(trainer, history)
     for step in range(trainer.start + 1, cfg.max_steps + 1):
-        train_step(trainer, cfg, step, metrics)
+        train_step(trainer, cfg, step, metrics, history)
     metrics.close()
     trainer.dp.close()
 
 
-def write_starting_adapter(trainer: Trainer[Model]) -> None:
+def write_starting_adapter(trainer: Trainer[Model], history: PolicyHistory | None = None) -> None:
     """The policy the orchestrator starts from: version `start` (0, or the checkpoint's step). Writing
-    it, as every adapter and checkpoint, takes every rank (FSDP gathers the weights); rank 0 writes."""
+    it, as every adapter and checkpoint, takes every rank (FSDP gathers the weights); rank 0 writes.
+    `history`: where the versions are kept for the policy gap split (policy_gap.py), if it runs."""
     write_policy(trainer.model, trainer.run.broadcast(trainer.start))
+    if history is not None:
+        history.record(trainer.model, trainer.start)
     if trainer.dp.is_main:
         log.info("wrote the starting adapter to %s", trainer.run.broadcast(trainer.start))
 
 
-def train_step(trainer: Trainer[Model], cfg: RLConfig, step: int, metrics: MetricsLogger) -> None:
+def train_step(
+    trainer: Trainer[Model], cfg: RLConfig, step: int, metrics: MetricsLogger, history: PolicyHistory | None = None
+) -> None:
     """Step `step` of the model's active adapter: wait for its batch, train on it, write the adapter
-    (and the checkpoint, when due), log the step."""
+    (and the checkpoint, when due), log the step. `history`: the adapter's versions, with the policy
+    gap split (trainer.policy_gap_interval)."""
     run, dp, model = trainer.run, trainer.dp, trainer.model
     device = dp.device()
     t0 = time.perf_counter()
@@ -88,8 +96,8 @@ def train_step(trainer: Trainer[Model], cfg: RLConfig, step: int, metrics: Metri
 
     samples = [train_sample(r) for r in batch.rollouts]
     loss_tokens = sum(sum(s.loss_mask) for s in samples)
+    nucleus = Nucleus(cfg.orchestrator.sampling.top_p, cfg.orchestrator.sampling.top_k)
     if samples:
-        nucleus = Nucleus(cfg.orchestrator.sampling.top_p, cfg.orchestrator.sampling.top_k)
         pass_loss = policy_gradient_loss(
             model, samples, cfg.trainer.loss, max(1, loss_tokens), cfg.trainer.logits_chunk_size, nucleus
         )
@@ -112,6 +120,8 @@ def train_step(trainer: Trainer[Model], cfg: RLConfig, step: int, metrics: Metri
     if ckpt.interval is not None and step % ckpt.interval == 0:
         save_checkpoint(run, step, model, trainer.optimizer, trainer.scheduler, {}, ckpt.keep_last)
     t_end = time.perf_counter()
+    # After the step's timings: the split is the diagnostics' cost, logged as time/policy_gap.
+    gap = step_policy_gap(model, history, cfg, step, batch.rollouts, samples, nucleus) if history is not None else {}
 
     lags = [policy_lag(step, r.policy_version) for r in batch.rollouts]
     metrics.log(
@@ -121,6 +131,7 @@ def train_step(trainer: Trainer[Model], cfg: RLConfig, step: int, metrics: Metri
             "grad_norm": grad_norm,
             "lr": lr,
             **step_stats,
+            **gap,
             **({"policy_lag/mean": sum(lags) / len(lags), "policy_lag/max": max(lags)} if lags else {}),
             "samples": len(samples),
             "skipped_steps": trainer.skipped_steps,

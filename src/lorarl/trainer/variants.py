@@ -32,6 +32,7 @@ from lorarl.trainer.model import (
     enable_gradient_checkpointing,
     load_model,
 )
+from lorarl.trainer.policy_gap import PolicyHistory
 from lorarl.trainer.probe import attach_probe
 from lorarl.trainer.rl import train_step, write_starting_adapter
 from lorarl.trainer.skeleton import Trainer, log_parameters
@@ -61,12 +62,13 @@ def train_variants(cfg: RLConfig) -> None:
     variants = set_up_variants(cfg)
     attach_probe(variants[0].trainer.model, cfg)  # one model: every variant's versions carry the probe
     metrics = {v.variant.name: v.trainer.metrics_logger("trainer", v.variant.cfg) for v in variants}
+    histories = {v.variant.name: PolicyHistory.for_config(v.variant.cfg) for v in variants}
     for v in variants:
-        write_starting_adapter(v.activate())
+        write_starting_adapter(v.activate(), histories[v.variant.name])
     start = variants[0].trainer.start  # the same for all: variants_of pins one resume step
     for step in range(start + 1, cfg.max_steps + 1):
         for v in variants:
-            train_step(v.activate(), v.variant.cfg, step, metrics[v.variant.name])
+            train_step(v.activate(), v.variant.cfg, step, metrics[v.variant.name], histories[v.variant.name])
     for logger in metrics.values():
         logger.close()
     variants[0].trainer.dp.close()
