@@ -17,23 +17,32 @@ LossOn = Literal["assistant", "all", "last_turn"]
 
 
 def encode_chat(
-    tokenizer: PreTrainedTokenizerBase, messages: list[Message], add_generation_prompt: bool,
-    tools: list[dict[str, Any]] | None = None, **template_kwargs: Any,
-) -> list[int]:  # fmt: skip
+    tokenizer: PreTrainedTokenizerBase,
+    messages: list[Message],
+    add_generation_prompt: bool,
+    tools: list[dict[str, Any]] | None = None,
+    **template_kwargs: Any,
+) -> list[int]:
     """The conversation's token ids; `tools` (OpenAI-style schemas) and `template_kwargs` (e.g.
     Qwen3's `enable_thinking`) go to the chat template."""
     schemas: list[dict[Any, Any] | Callable[..., Any]] | None = None if tools is None else [*tools]
     ids = tokenizer.apply_chat_template(
-        messages, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False, tools=schemas,
+        messages,
+        add_generation_prompt=add_generation_prompt,
+        tokenize=True,
+        return_dict=False,
+        tools=schemas,
         **template_kwargs,
-    )  # fmt: skip
+    )
     return list(ids)
 
 
 def tokenize_with_assistant_mask(
-    tokenizer: PreTrainedTokenizerBase, messages: list[Message], loss_on: LossOn = "assistant",
+    tokenizer: PreTrainedTokenizerBase,
+    messages: list[Message],
+    loss_on: LossOn = "assistant",
     tools: list[dict[str, Any]] | None = None,
-) -> tuple[list[int], list[bool]]:  # fmt: skip
+) -> tuple[list[int], list[bool]]:
     """Token ids of the whole conversation, and True for the tokens that carry loss (`loss_on`);
     `tools` (OpenAI-style schemas) are rendered by the template as in `encode_chat`.
 

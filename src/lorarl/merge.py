@@ -36,8 +36,11 @@ def check_out(base: str, adapter: Path, out: Path, overwrite: bool) -> None:
         raise ValueError(f"--out {out}: {problem}")
     target = out.resolve()
     for name, source in (("--base", Path(base)), ("--adapter", adapter)):
-        if source.exists() and (target == source.resolve() or source.resolve().is_relative_to(target)
-                                or target.is_relative_to(source.resolve())):  # fmt: skip
+        if source.exists() and (
+            target == source.resolve()
+            or source.resolve().is_relative_to(target)
+            or target.is_relative_to(source.resolve())
+        ):
             raise ValueError(f"--out {out} overlaps {name} {source}: write the merged model to a folder of its own")
     if out.is_dir() and any(out.iterdir()):
         if not (out / MERGE_MARKER).is_file():

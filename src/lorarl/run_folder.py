@@ -314,10 +314,15 @@ class RunFolder:
     ) -> None:
         digest = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
         now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-        marker = {"lorarl": 1, "kind": kind, "run_name": self.root.name, "config_hash": digest,
-                  "started": previous["started"] if previous else now,
-                  "resumed": [*previous.get("resumed", []), now] if previous else [],
-                  **({"dry_run": True} if dry_run else {})}  # fmt: skip
+        marker = {
+            "lorarl": 1,
+            "kind": kind,
+            "run_name": self.root.name,
+            "config_hash": digest,
+            "started": previous["started"] if previous else now,
+            "resumed": [*previous.get("resumed", []), now] if previous else [],
+            **({"dry_run": True} if dry_run else {}),
+        }
         write_file_atomically(self.marker, json.dumps(marker, indent=2) + "\n")
 
     def _rotate_logs(self) -> None:

@@ -120,8 +120,10 @@ class LoraConfig(Section):
             return value
         if bad := [v for v in value if not cls._is_module_name(v)]:
             # PEFT compares list items with module names literally, so these could never match.
-            raise ValueError(f"list items are module names such as 'q_proj', not patterns: {bad}; "
-                             "give a single string for a regular expression")  # fmt: skip
+            raise ValueError(
+                f"list items are module names such as 'q_proj', not patterns: {bad}; "
+                "give a single string for a regular expression"
+            )
         return value
 
     @staticmethod
@@ -134,8 +136,10 @@ class LoraConfig(Section):
         with fully trained modules (modules_to_save) could never be sampled from."""
         self.check_init_adapter()
         saved = self._saved_config().get("modules_to_save") if self.init_adapter is not None else None
-        for where, modules in (("[model.lora] modules_to_save", self.modules_to_save),
-                               (f"model.lora.init_adapter {self.init_adapter}", saved)):  # fmt: skip
+        for where, modules in (
+            ("[model.lora] modules_to_save", self.modules_to_save),
+            (f"model.lora.init_adapter {self.init_adapter}", saved),
+        ):
             if modules:
                 raise ValueError(
                     f"{where} trains {modules} in full, but rl serves every adapter through vLLM, which "
@@ -298,8 +302,7 @@ class LossConfig(Section):
             )
         if self.loss_fn is not None and self.mismatch_geo_mask is not None:
             raise ValueError(
-                f"loss_fn {self.loss_fn} gets the vLLM logprobs and masks for them itself: "
-                "leave mismatch_geo_mask out"
+                f"loss_fn {self.loss_fn} gets the vLLM logprobs and masks for them itself: leave mismatch_geo_mask out"
             )
         return self
 
@@ -606,15 +609,19 @@ class OrchestratorConfig(Section):
     @model_validator(mode="after")
     def _fill_needs_skipping(self) -> OrchestratorConfig:
         if self.fill_informative and not self.skip_zero_advantage:
-            raise ValueError("fill_informative fills the batch in place of the zero-advantage groups that "
-                             "skip_zero_advantage leaves out: set skip_zero_advantage = true too")  # fmt: skip
+            raise ValueError(
+                "fill_informative fills the batch in place of the zero-advantage groups that "
+                "skip_zero_advantage leaves out: set skip_zero_advantage = true too"
+            )
         return self
 
     @model_validator(mode="after")
     def _overlong_buffer_fits(self) -> OrchestratorConfig:
         if self.overlong.buffer > self.sampling.max_tokens:
-            raise ValueError(f"overlong.buffer ({self.overlong.buffer}) is longer than sampling.max_tokens "
-                             f"({self.sampling.max_tokens})")  # fmt: skip
+            raise ValueError(
+                f"overlong.buffer ({self.overlong.buffer}) is longer than sampling.max_tokens "
+                f"({self.sampling.max_tokens})"
+            )
         return self
 
     @model_validator(mode="after")
@@ -755,8 +762,10 @@ class InferenceConfig(Section):
     def _a_run_dir_per_worker(self) -> InferenceConfig:
         workers = len(self.urls) or self.num_workers
         if self.worker_run_dirs and len(self.worker_run_dirs) != workers:
-            raise ValueError(f"worker_run_dirs lists {len(self.worker_run_dirs)} folders for {workers} workers: "
-                             "one per worker, or none")  # fmt: skip
+            raise ValueError(
+                f"worker_run_dirs lists {len(self.worker_run_dirs)} folders for {workers} workers: "
+                "one per worker, or none"
+            )
         return self
 
     @property

@@ -215,9 +215,15 @@ class InferenceClient:
         return [float(entry[str(token)]["logprob"]) for entry, token in zip(scored, prompt_ids[1:], strict=True)]
 
     async def complete(
-        self, model: str, prompt_ids: list[int], n: int, temperature: float, top_p: float, max_tokens: int,
+        self,
+        model: str,
+        prompt_ids: list[int],
+        n: int,
+        temperature: float,
+        top_p: float,
+        max_tokens: int,
         **extra: Any,
-    ) -> list[Completion]:  # fmt: skip
+    ) -> list[Completion]:
         """`n` samples for one tokenized prompt, as token ids with their logprobs (no re-tokenizing);
         `extra`: further request fields (vLLM's `structured_outputs`, `stop`, ...)."""
         body = {

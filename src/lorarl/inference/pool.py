@@ -206,8 +206,13 @@ class WorkerPool:
         if isinstance(error, WorkerStalled):
             self.stalls += 1
             self._stalled[worker].set()
-            log.warning("%s stalled, taking it out of routing (%d of %d worker(s) left): %s",
-                        worker.base_url, len(self.routable), len(self.workers), error)  # fmt: skip
+            log.warning(
+                "%s stalled, taking it out of routing (%d of %d worker(s) left): %s",
+                worker.base_url,
+                len(self.routable),
+                len(self.workers),
+                error,
+            )
         else:
             log.warning("taking %s out of routing: %s", worker.base_url, error)
         self._watchers[worker] = asyncio.create_task(self._bring_back(worker, time.monotonic()))
@@ -233,8 +238,12 @@ class WorkerPool:
             self._stalled[worker].clear()
             self.routable.append(worker)
             del self._watchers[worker]
-            log.info("%s is back in routing after %.1f s out, with %d adapter(s)", worker.base_url,
-                     time.monotonic() - since, len(worker.adapters))  # fmt: skip
+            log.info(
+                "%s is back in routing after %.1f s out, with %d adapter(s)",
+                worker.base_url,
+                time.monotonic() - since,
+                len(worker.adapters),
+            )
             return
 
     async def _sync_adapters(self, worker: InferenceClient) -> None:

@@ -47,22 +47,33 @@ def vllm_command(cfg: RLConfig, worker: int = 0, host: str | None = None, *, gpu
     reload = ["--worker-extension-cls", WEIGHT_RELOAD_EXTENSION]  # full fine-tuning: weights, no adapters
     serving = reload if cfg.model.full_finetune else lora_args(cfg, gpus, experts)
     cmd = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", cfg.model.name,
-        "--dtype", cfg.model.dtype,
-        "--max-model-len", str(cfg.seq_len),
-        "--host", host or inf.host,
-        "--port", str(inf.port + worker),
-        "--seed", str(cfg.seed),
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        cfg.model.name,
+        "--dtype",
+        cfg.model.dtype,
+        "--max-model-len",
+        str(cfg.seq_len),
+        "--host",
+        host or inf.host,
+        "--port",
+        str(inf.port + worker),
+        "--seed",
+        str(cfg.seed),
         *serving,
         # Logprobs of the distribution actually sampled from (temperature applied), which is what
         # the trainer computes; vLLM's default is the raw model distribution.
-        "--logprobs-mode", "processed_logprobs",
-        "--tensor-parallel-size", str(inf.tensor_parallel_size),
-        "--gpu-memory-utilization", str(inf.memory_fraction),
+        "--logprobs-mode",
+        "processed_logprobs",
+        "--tensor-parallel-size",
+        str(inf.tensor_parallel_size),
+        "--gpu-memory-utilization",
+        str(inf.memory_fraction),
         *(["--api-key", inf.api_key] if inf.api_key else []),
         *inf.extra_args,
-    ]  # fmt: skip
+    ]
     cores = worker_cores(cfg, worker) if gpus == 0 else None
     return cmd if cores is None else pinned(cmd, cores)
 

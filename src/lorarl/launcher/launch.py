@@ -107,8 +107,13 @@ def supervise(
             name, code = failed
             if name in {s.name for s in workers} and restarts[name] < cfg.inference.max_restarts:
                 restarts[name] += 1
-                log.warning("%s exited with code %d; restart %d of %d (inference.max_restarts)", name, code,
-                            restarts[name], cfg.inference.max_restarts)  # fmt: skip
+                log.warning(
+                    "%s exited with code %d; restart %d of %d (inference.max_restarts)",
+                    name,
+                    code,
+                    restarts[name],
+                    cfg.inference.max_restarts,
+                )
                 start(supervisor, next(s for s in workers if s.name == name))
             elif (
                 name in {s.name for s in roles}
@@ -116,8 +121,14 @@ def supervise(
                 and (step := resumable_step(run, variants)) is not None
             ):
                 restarts["roles"] += 1
-                log.warning("%s exited with code %d; resuming from checkpoint step %d, %d of %d (auto_resume)",
-                            name, code, step, restarts["roles"], cfg.auto_resume)  # fmt: skip
+                log.warning(
+                    "%s exited with code %d; resuming from checkpoint step %d, %d of %d (auto_resume)",
+                    name,
+                    code,
+                    step,
+                    restarts["roles"],
+                    cfg.auto_resume,
+                )
                 roles = resume_roles(cfg, run, roles, supervisor, placement)
             else:
                 return report_failure(supervisor, name, code)
@@ -159,6 +170,7 @@ def report_failure(supervisor: Supervisor | RayCluster, name: str, code: int) ->
     if code == 2 and name in {"orchestrator", "trainer"} and tail.strip():
         log.error("%s: %s", name, tail.strip().splitlines()[-1].removeprefix("error: "))
         return 2
-    log.error("%s exited with code %d; stopping the run. Last lines of %s:\n%s", name, code,
-              supervisor.log_path(name), tail)  # fmt: skip
+    log.error(
+        "%s exited with code %d; stopping the run. Last lines of %s:\n%s", name, code, supervisor.log_path(name), tail
+    )
     return 1

@@ -205,7 +205,7 @@ def _trainer_gpus(cfg: RLConfig, gpus: int, inference: list[int]) -> tuple[int, 
             raise PlacementError(
                 "1 GPU visible, but vLLM and the trainer each need GPUs of their own: to share it, set "
                 "inference.colocate_with_trainer = true (vLLM then takes inference.gpu_memory_utilization, "
-                '0.4 by default, of its memory; docs/gpus.md says how to size it)'
+                "0.4 by default, of its memory; docs/gpus.md says how to size it)"
             )
         raise PlacementError(
             f"{_count(gpus)} visible: vLLM takes {len(inference)} (inference.num_workers × "

@@ -141,14 +141,19 @@ def check_cluster(cfg: RLConfig) -> None:
         )
     for key, value in (("inference.gpu_ids", inf.gpu_ids), ("trainer.gpu_ids", cfg.trainer.gpu_ids)):
         if value is not None:
-            raise PreflightError(f'{key} = {value}: with cluster.backend = "ray", Ray gives each process its GPUs; '
-                                 f"leave {key} out")  # fmt: skip
+            raise PreflightError(
+                f'{key} = {value}: with cluster.backend = "ray", Ray gives each process its GPUs; leave {key} out'
+            )
     if inf.colocate_with_trainer:
-        raise PreflightError('inference.colocate_with_trainer: with cluster.backend = "ray" each vLLM worker and '
-                             "trainer rank has a bundle of its own; leave it out")  # fmt: skip
+        raise PreflightError(
+            'inference.colocate_with_trainer: with cluster.backend = "ray" each vLLM worker and '
+            "trainer rank has a bundle of its own; leave it out"
+        )
     if not inf.urls and inf.api_key is None:
-        raise PreflightError('inference.api_key is required with cluster.backend = "ray": the vLLM servers rl starts '
-                             "listen on their nodes' addresses, reachable from other machines")  # fmt: skip
+        raise PreflightError(
+            'inference.api_key is required with cluster.backend = "ray": the vLLM servers rl starts '
+            "listen on their nodes' addresses, reachable from other machines"
+        )
     if not cluster.shared_fs and (cfg.auto_resume or cfg.resume is not None):
         raise PreflightError(
             f"{'--resume' if cfg.resume is not None else '--auto_resume'}: with cluster.shared_fs = false the "

@@ -178,8 +178,9 @@ class RayCluster:
             ) from None
         gpus = ray.cluster_resources().get("GPU", 0) > 0
         self.bundles = plan_bundles(self.cfg, gpus)
-        self.group = placement_group([b.resources for b in self.bundles], strategy="PACK",
-                                     name=f"lorarl-{self.cfg.run_name}-{os.getpid()}")  # fmt: skip
+        self.group = placement_group(
+            [b.resources for b in self.bundles], strategy="PACK", name=f"lorarl-{self.cfg.run_name}-{os.getpid()}"
+        )
         try:
             ray.get(self.group.ready(), timeout=cluster.placement_timeout)
         except ray.exceptions.GetTimeoutError:
@@ -192,10 +193,14 @@ class RayCluster:
         actor = ray.remote(ProcessHost)
         for i, b in enumerate(self.bundles):
             custom = {k: v for k, v in b.resources.items() if k not in ("CPU", "GPU")}
-            self.hosts.append(actor.options(
-                num_cpus=b.resources.get("CPU", 0), num_gpus=b.resources.get("GPU", 0), resources=custom,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=i),
-            ).remote(os.getcwd()))  # fmt: skip
+            self.hosts.append(
+                actor.options(
+                    num_cpus=b.resources.get("CPU", 0),
+                    num_gpus=b.resources.get("GPU", 0),
+                    resources=custom,
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=i),
+                ).remote(os.getcwd())
+            )
         self.nodes = ray.get([h.node.remote() for h in self.hosts])
         if cluster.shared_fs:
             self.check_shared_folder(ray.get_runtime_context().get_node_id())
@@ -219,8 +224,13 @@ class RayCluster:
             return list({self.nodes[i][0]: (self.hosts[i], self.roots[i]) for i in indices}.values())
 
         trainers = self._mine("trainer")
-        self.relay = Relay(self.run, (self.hosts[trainers[0]], self.roots[trainers[0]]), each_node(inference),
-                           each_node(trainers), self.cfg.trainer.keep_rollouts)  # fmt: skip
+        self.relay = Relay(
+            self.run,
+            (self.hosts[trainers[0]], self.roots[trainers[0]]),
+            each_node(inference),
+            each_node(trainers),
+            self.cfg.trainer.keep_rollouts,
+        )
         self.relay.start()
 
     def check_shared_folder(self, here: str) -> None:
@@ -235,8 +245,13 @@ class RayCluster:
         try:
             write_file(probes[here], here)
             ray.get([h.call.remote(write_file, probes[node], node) for node, h in hosts.items()])
-            seen = dict(zip(hosts, ray.get([h.call.remote(existing, list(probes.values())) for h in hosts.values()]),
-                            strict=True))  # fmt: skip
+            seen = dict(
+                zip(
+                    hosts,
+                    ray.get([h.call.remote(existing, list(probes.values())) for h in hosts.values()]),
+                    strict=True,
+                )
+            )
             seen[here] = existing(list(probes.values()))
             if error := unshared_error(self.run.root, roles, probes, seen):
                 raise ClusterError(error)
@@ -259,8 +274,13 @@ class RayCluster:
         env = dict(spec.env)
         if len(mine) > 1:  # trainer ranks, one process each; torch.distributed meets on rank 0's node
             port = ray.get(self.hosts[mine[0]].free_port.remote())
-            env |= {"WORLD_SIZE": str(len(mine)), "MASTER_ADDR": self.nodes[mine[0]][1], "MASTER_PORT": str(port),
-                    "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}  # fmt: skip # Ray shows each rank its own GPU
+            env |= {
+                "WORLD_SIZE": str(len(mine)),
+                "MASTER_ADDR": self.nodes[mine[0]][1],
+                "MASTER_PORT": str(port),
+                "LOCAL_RANK": "0",
+                "LOCAL_WORLD_SIZE": "1",
+            }  # Ray shows each rank its own GPU
         specs = {
             i: dataclasses.replace(
                 spec, name=self._log_name(i), cmd=self._command(spec, i), env=env | self._rank_env(i)

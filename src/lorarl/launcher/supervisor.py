@@ -50,10 +50,14 @@ class Supervisor:
             # A new session per child: a terminal's Ctrl-C reaches only `rl`, which then stops each
             # child's whole group (vLLM's engine core and workers included).
             proc = subprocess.Popen(
-                spec.cmd, env={**os.environ, **spec.env}, stdout=out, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True,
+                spec.cmd,
+                env={**os.environ, **spec.env},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
                 preexec_fn=partial(_terminate_with_parent, os.getpid()) if sys.platform == "linux" else None,
-            )  # fmt: skip
+            )
         self.procs[spec.name] = proc
         return proc
 

@@ -246,8 +246,9 @@ def overview(panels: Sequence[Panel], runs: Sequence[Run]) -> Figure:
         figure.suptitle(runs[0].label, fontsize="x-large")
     else:
         handles = [Line2D([], [], color=run_color(i)) for i in range(len(runs))]
-        figure.legend(handles, [run.label for run in runs], loc="outside upper center", ncols=min(len(runs), 6),
-                      fontsize="large")  # fmt: skip
+        figure.legend(
+            handles, [run.label for run in runs], loc="outside upper center", ncols=min(len(runs), 6), fontsize="large"
+        )
     return figure
 
 
@@ -287,8 +288,16 @@ def draw(ax: Axes, panel: Panel, runs: Sequence[Run], legend_runs: bool) -> None
     title = runs[0].label if legend_runs and not several_runs and len(names) > 1 else None
     if handles:
         # Beside the axes, where it never covers a line.
-        ax.legend(handles, labels, title=title, fontsize="small", title_fontsize="small", loc="upper left",
-                  bbox_to_anchor=(1.01, 1), borderaxespad=0)  # fmt: skip
+        ax.legend(
+            handles,
+            labels,
+            title=title,
+            fontsize="small",
+            title_fontsize="small",
+            loc="upper left",
+            bbox_to_anchor=(1.01, 1),
+            borderaxespad=0,
+        )
 
 
 def draw_band(ax: Axes, run: Run, line: Line, color: str) -> None:

@@ -54,9 +54,16 @@ class StepCounters:
     waited_for_policy: float = 0.0  # seconds with nothing to do but wait for a newer policy
 
     def metrics(
-        self, now: float, busy: float, *, workers: int, rollouts_per_example: int, groups_in_flight: int,
-        completion_tokens: int, outages: int,
-    ) -> dict[str, float]:  # fmt: skip
+        self,
+        now: float,
+        busy: float,
+        *,
+        workers: int,
+        rollouts_per_example: int,
+        groups_in_flight: int,
+        completion_tokens: int,
+        outages: int,
+    ) -> dict[str, float]:
         """The step's metrics as it ends at `now`, the workers then busy for `busy` seconds in all."""
         elapsed = now - self.started
         return {

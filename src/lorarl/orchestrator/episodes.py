@@ -64,9 +64,13 @@ class EpisodeRunner:
     """Plays `n` episodes of one example with one adapter version."""
 
     def __init__(
-        self, pool: WorkerPool, tokenizer: PreTrainedTokenizerBase, sampling: SamplingConfig, seq_len: int,
+        self,
+        pool: WorkerPool,
+        tokenizer: PreTrainedTokenizerBase,
+        sampling: SamplingConfig,
+        seq_len: int,
         chat_template_kwargs: dict[str, Any] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.pool, self.tokenizer, self.sampling, self.seq_len = pool, tokenizer, sampling, seq_len
         self.chat_template_kwargs = chat_template_kwargs or {}
 
@@ -105,9 +109,14 @@ class EpisodeRunner:
         )
 
     async def _continue(
-        self, adapter: str, env: Environment, episode: Episode, prompt_ids: list[int], completion: Completion,
+        self,
+        adapter: str,
+        env: Environment,
+        episode: Episode,
+        prompt_ids: list[int],
+        completion: Completion,
         started: float,
-    ) -> PlayedEpisode:  # fmt: skip
+    ) -> PlayedEpisode:
         """The episode's later turns, until the environment ends it, max_turns, seq_len or its timeout."""
         played = PlayedEpisode(episode, [Sample(prompt_ids)], 0, False)
         self._record(played, completion)

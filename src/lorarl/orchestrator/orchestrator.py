@@ -70,8 +70,14 @@ async def orchestrate(cfg: RLConfig) -> None:
     check_given_servers(cfg, strict=False)  # nothing else runs yet: blocking here delays nothing
     here = str(cfg.run_dir.resolve())
     run_dirs = [(here, there) for there in inf.worker_run_dirs] or None
-    pool = WorkerPool(urls, inf.api_key, timeout=inf.request_timeout, unavailable_timeout=inf.unavailable_timeout,
-                      run_dirs=run_dirs, tokens_per_s=inf.min_tokens_per_s)  # fmt: skip
+    pool = WorkerPool(
+        urls,
+        inf.api_key,
+        timeout=inf.request_timeout,
+        unavailable_timeout=inf.unavailable_timeout,
+        run_dirs=run_dirs,
+        tokens_per_s=inf.min_tokens_per_s,
+    )
     pool.served_check = served_check(cfg, pool)
     try:
         orchestrators = build_orchestrators(cfg, pool, AutoTokenizer.from_pretrained(cfg.model.name))
@@ -290,10 +296,14 @@ class Orchestrator:
         """Log the batch's metrics and the step's counters; the next step starts at the same instant."""
         now, busy = time.perf_counter(), self.pool.busy_seconds()
         step_metrics = self.counters.metrics(
-            now, busy, workers=len(self.pool.workers),
-            rollouts_per_example=self.ocfg.rollouts_per_example, groups_in_flight=len(self.in_flight),
-            completion_tokens=sum(len(r.completion_ids) for r in rollouts), outages=self.pool.outages,
-        )  # fmt: skip
+            now,
+            busy,
+            workers=len(self.pool.workers),
+            rollouts_per_example=self.ocfg.rollouts_per_example,
+            groups_in_flight=len(self.in_flight),
+            completion_tokens=sum(len(r.completion_ids) for r in rollouts),
+            outages=self.pool.outages,
+        )
         step_metrics |= batch.metrics() | overlong_metrics(batch.groups, self.ocfg.overlong)
         step_metrics["inference/stalls"], self.stalls_logged = self.pool.stalls - self.stalls_logged, self.pool.stalls
         if self.difficulty is not None:
@@ -304,9 +314,16 @@ class Orchestrator:
         self.metrics.log(self.step, batch_metrics(batch.groups, self.step) | step_metrics)
         versions = sorted({g.version for g in batch.groups})
         zero = sum(g.zero_advantage for g in batch.groups)
-        log.info("step %d: %d rollouts written (policy versions %s; %d of %d groups had zero advantage; "
-                 "%d groups dropped as too old)", self.step, len(rollouts), versions, zero, len(batch.groups),
-                 self.counters.dropped_groups)  # fmt: skip
+        log.info(
+            "step %d: %d rollouts written (policy versions %s; %d of %d groups had zero advantage; "
+            "%d groups dropped as too old)",
+            self.step,
+            len(rollouts),
+            versions,
+            zero,
+            len(batch.groups),
+            self.counters.dropped_groups,
+        )
         self.step, self.counters = self.step + 1, StepCounters(now, busy, self.pool.outages)
 
     async def collect_finished_groups(self) -> None:

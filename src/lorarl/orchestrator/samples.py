@@ -21,10 +21,16 @@ def write_samples(run: RunFolder, step: int, groups: list[Group], num: int, metr
         return
     path = run.samples(step)
     path.parent.mkdir(parents=True, exist_ok=True)
-    rows = list(islice((
-        {"env": g.env.name, "messages": e.episode.messages, "truncated": e.truncated, **score}
-        for g in groups for e, score in zip(g.episodes, g.scores, strict=True)
-    ), num))  # fmt: skip
+    rows = list(
+        islice(
+            (
+                {"env": g.env.name, "messages": e.episode.messages, "truncated": e.truncated, **score}
+                for g in groups
+                for e, score in zip(g.episodes, g.scores, strict=True)
+            ),
+            num,
+        )
+    )
     with open(path, "w") as f:
         f.writelines(json.dumps(row) + "\n" for row in rows)
     record_written(path)

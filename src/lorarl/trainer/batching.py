@@ -42,9 +42,13 @@ class MicroBatch:
 
     def to(self, device: torch.device) -> MicroBatch:
         return MicroBatch(
-            self.input_ids.to(device), self.attention_mask.to(device), self.loss_mask.to(device),
-            self.old_logprobs.to(device), self.advantages.to(device), self.temperature,
-        )  # fmt: skip
+            self.input_ids.to(device),
+            self.attention_mask.to(device),
+            self.loss_mask.to(device),
+            self.old_logprobs.to(device),
+            self.advantages.to(device),
+            self.temperature,
+        )
 
     @property
     def num_samples(self) -> int:

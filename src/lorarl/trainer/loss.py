@@ -369,8 +369,16 @@ def _custom_policy_term(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """What `cfg.loss_fn` returns for this batch, checked, and its metrics as loss_fn/<name>."""
     assert cfg.loss_fn is not None
-    inputs = LossInputs(logprobs, batch.old_logprobs, batch.token_advantages, batch.loss_mask,
-                        batch.sample_index, batch.num_samples, weights, cfg)  # fmt: skip
+    inputs = LossInputs(
+        logprobs,
+        batch.old_logprobs,
+        batch.token_advantages,
+        batch.loss_mask,
+        batch.sample_index,
+        batch.num_samples,
+        weights,
+        cfg,
+    )
     out = load_loss_fn(cfg.loss_fn)(inputs)
     per_token, metrics = out if isinstance(out, tuple) else (out, {})
     if not isinstance(per_token, torch.Tensor) or per_token.shape != logprobs.shape:

@@ -109,10 +109,17 @@ class PackedBatch:
 
     def to(self, device: torch.device) -> PackedBatch:
         return PackedBatch(
-            self.input_ids.to(device), self.position_ids.to(device), self.sequence_ids.to(device),
-            self.prefix_ids.to(device), self.loss_mask.to(device), self.old_logprobs.to(device),
-            self.token_advantages.to(device), self.sample_index.to(device), self.temperature, self.num_samples,
-        )  # fmt: skip
+            self.input_ids.to(device),
+            self.position_ids.to(device),
+            self.sequence_ids.to(device),
+            self.prefix_ids.to(device),
+            self.loss_mask.to(device),
+            self.old_logprobs.to(device),
+            self.token_advantages.to(device),
+            self.sample_index.to(device),
+            self.temperature,
+            self.num_samples,
+        )
 
     def forward_inputs(self, model: torch.nn.Module) -> dict[str, Any]:
         """Keyword arguments of `model(...)`, on the model's device."""

@@ -150,9 +150,13 @@ def train_step(
         remove_folder(run.rollouts(step))  # trained on: only a resume would need it, and it samples anew
     log.info(
         "%sstep %d: loss %.4f, grad norm %.3f, |logp diff| %.2e, waited %.1f s for the batch",
-        f"{run.variant}: " if run.variant else "", step, loss, grad_norm,
-        step_stats.get("mismatch/logprob_abs_diff", 0.0), t_batch - t0,
-    )  # fmt: skip
+        f"{run.variant}: " if run.variant else "",
+        step,
+        loss,
+        grad_norm,
+        step_stats.get("mismatch/logprob_abs_diff", 0.0),
+        t_batch - t0,
+    )
 
 
 def rl_model(cfg: RLConfig) -> TrainedModel:

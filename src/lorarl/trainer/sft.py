@@ -44,8 +44,14 @@ def train(cfg: SFTConfig) -> Path:
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.name)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     data = load_sft_data(cfg.data, tokenizer, cfg.seq_len, cfg.seed)
-    log.info("%d training samples, %d eval samples from %s (seq_len %d: %s)", len(data.train), len(data.eval),
-             cfg.data.path, cfg.seq_len, dict(data.counts) or "none truncated or skipped")  # fmt: skip
+    log.info(
+        "%d training samples, %d eval samples from %s (seq_len %d: %s)",
+        len(data.train),
+        len(data.eval),
+        cfg.data.path,
+        cfg.seq_len,
+        dict(data.counts) or "none truncated or skipped",
+    )
     trainer = Trainer.set_up(cfg, lambda: sft_model(cfg.model), pad_id)
     run, dp, model = trainer.run, trainer.dp, trainer.model
     order = DataOrder(len(data.train), cfg.seed, cfg.data.shuffle)
@@ -54,9 +60,12 @@ def train(cfg: SFTConfig) -> Path:
     metrics = trainer.metrics_logger("sft", cfg)
 
     progress = Progress(
-        TextColumn("sft"), BarColumn(), TextColumn("{task.completed}/{task.total} {task.fields[info]}"),
-        TimeRemainingColumn(), disable=not metrics.monitor.console,
-    )  # fmt: skip
+        TextColumn("sft"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} {task.fields[info]}"),
+        TimeRemainingColumn(),
+        disable=not metrics.monitor.console,
+    )
     eval_info = ""
     with progress:
         task = progress.add_task("sft", total=cfg.max_steps, completed=trainer.start, info="")
@@ -73,9 +82,16 @@ def train(cfg: SFTConfig) -> Path:
 
             row: dict[str, float] = {}
             if step % cfg.log_interval == 0 or step == cfg.max_steps:
-                row |= {"loss": totals["loss"], "grad_norm": grad_norm, "lr": lr, "tokens_per_s": tokens_per_s,
-                        "padding_frac": 1 - tokens / totals["padded_tokens"], "epoch": order.epoch,
-                        "skipped_steps": trainer.skipped_steps, "time/step": elapsed}  # fmt: skip
+                row |= {
+                    "loss": totals["loss"],
+                    "grad_norm": grad_norm,
+                    "lr": lr,
+                    "tokens_per_s": tokens_per_s,
+                    "padding_frac": 1 - tokens / totals["padded_tokens"],
+                    "epoch": order.epoch,
+                    "skipped_steps": trainer.skipped_steps,
+                    "time/step": elapsed,
+                }
             if data.eval and (step % cfg.eval.interval == 0 or step == cfg.max_steps):
                 trainer.check_weights()
                 row["eval/loss"] = evaluate(model, data.eval, cfg.batch_size, trainer.passes, dp, cfg.logits_chunk_size)
@@ -84,8 +100,15 @@ def train(cfg: SFTConfig) -> Path:
                 metrics.log(step, row)
             if cfg.ckpt.interval is not None and step % cfg.ckpt.interval == 0:
                 trainer.check_weights()
-                save_checkpoint(run, step, model, trainer.optimizer, trainer.scheduler, {"data": order.state_dict()},
-                                cfg.ckpt.keep_last)  # fmt: skip
+                save_checkpoint(
+                    run,
+                    step,
+                    model,
+                    trainer.optimizer,
+                    trainer.scheduler,
+                    {"data": order.state_dict()},
+                    cfg.ckpt.keep_last,
+                )
             progress.update(task, advance=1, info=f"loss {totals['loss']:.3f}{eval_info} | {tokens_per_s:,.0f} tok/s")
 
     # Rank 0 alone writes the result: every rank holds the same weights (or with fsdp its shards of

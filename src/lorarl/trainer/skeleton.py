@@ -268,10 +268,12 @@ def log_parameters(model: torch.nn.Module, cfg: RLConfig | SFTConfig) -> None:
     lora = cfg.model.lora
     log.info(
         "training %d of %d parameters (%.1f%%, %.2f MB): %s",
-        summary["params/trainable"], summary["params/total"],
-        100 * summary["params/trainable"] / summary["params/total"], summary["params/trainable_bytes"] / 1e6,
+        summary["params/trainable"],
+        summary["params/total"],
+        100 * summary["params/trainable"] / summary["params/total"],
+        summary["params/trainable_bytes"] / 1e6,
         "the whole model" if lora is None else f"LoRA rank {lora.rank} on {lora.target_modules}",
-    )  # fmt: skip
+    )
 
 
 def forward_passes(cfg: RLConfig | SFTConfig, pad_id: int) -> ForwardPasses:

@@ -194,9 +194,12 @@ class VerifiersTaskset(Environment):
     """A verifiers taskset (with its tools and `Env`, if any); an example is {"task": its data as JSON}."""
 
     def __init__(
-        self, taskset: vf.Taskset[Any, Any], name: str, env_type: type[vf.Env[Any]] | None = None,
+        self,
+        taskset: vf.Taskset[Any, Any],
+        name: str,
+        env_type: type[vf.Env[Any]] | None = None,
         max_turns: int | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.name, self.taskset = name, taskset
         self.task_type = taskset.task_type()
         self.data_type = self.task_type.data_type()
