@@ -192,3 +192,15 @@ def _describe(error: ValidationError, merged: dict[str, Any], layers: Layers) ->
         else:
             lines.append(f"{key}: {msg} (from {_origin(err['loc'], merged, layers)})")
     return "\n".join(lines)
+
+
+def json_object(file: Path, key: str) -> dict[str, Any]:
+    """The JSON object in `file` (a file that config key `key` leads to); ValueError, one line naming
+    both, if it cannot be read or holds something else."""
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{key}: {file} is not a readable JSON file ({e})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{key}: {file} holds a {type(data).__name__}, not a JSON object")
+    return data

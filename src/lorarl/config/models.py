@@ -10,7 +10,6 @@ renders the config reference (docs/config.md) from it, so the two cannot drift a
 from __future__ import annotations
 
 import ipaddress
-import json
 import os
 import re
 from pathlib import Path
@@ -49,18 +48,6 @@ LOGITS_CHUNK_DOC = (
 UserPath = Annotated[Path, AfterValidator(lambda path: path.expanduser())]
 # A seed every consumer takes: vLLM seeds numpy with --seed, which accepts 0 .. 2**32 - 1 only.
 Seed = Annotated[int, Field(ge=0, lt=2**32)]
-
-
-def json_object(file: Path, key: str) -> dict[str, Any]:
-    """The JSON object in `file` (a file that config key `key` leads to); ValueError, one line naming
-    both, if it cannot be read or holds something else."""
-    try:
-        data = json.loads(file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{key}: {file} is not a readable JSON file ({e})") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{key}: {file} holds a {type(data).__name__}, not a JSON object")
-    return data
 
 
 class Section(BaseModel):
@@ -130,40 +117,6 @@ class LoraConfig(Section):
     def _is_module_name(name: str) -> bool:
         """A module name or dotted path ("q_proj", "self_attn.q_proj"), not a regular expression."""
         return all(part and all(c.isalnum() or c == "_" for c in part) for part in name.split("."))
-
-    def check_for_rl(self) -> None:
-        """What `rl` needs beyond `check_init_adapter`: vLLM loads LoRA weights only, so an adapter
-        with fully trained modules (modules_to_save) could never be sampled from."""
-        self.check_init_adapter()
-        saved = self._saved_config().get("modules_to_save") if self.init_adapter is not None else None
-        for where, modules in (
-            ("[model.lora] modules_to_save", self.modules_to_save),
-            (f"model.lora.init_adapter {self.init_adapter}", saved),
-        ):
-            if modules:
-                raise ValueError(
-                    f"{where} trains {modules} in full, but rl serves every adapter through vLLM, which "
-                    "loads LoRA weights only: use modules_to_save with sft, and target_modules for rl"
-                )
-
-    def check_init_adapter(self) -> None:
-        """An init adapter must match this section: vLLM is started for this rank, and the trainer
-        would otherwise silently train another layout than the config says."""
-        if self.init_adapter is None:
-            return
-        saved = self._saved_config()
-        for key, want in (("r", self.rank), ("lora_alpha", self.alpha), ("use_rslora", self.use_rslora)):
-            if saved.get(key) != want:
-                raise ValueError(
-                    f"model.lora.init_adapter {self.init_adapter} has {key}={saved.get(key)}, "
-                    f"but [model.lora] says {want}: make them agree"
-                )
-
-    def _saved_config(self) -> dict[str, Any]:
-        path = Path(str(self.init_adapter)) / "adapter_config.json"
-        if not path.is_file():
-            raise ValueError(f"model.lora.init_adapter: {path} not found (expected a PEFT adapter folder)")
-        return json_object(path, "model.lora.init_adapter")
 
 
 class ModelConfig(Section):
@@ -639,12 +592,6 @@ class OrchestratorConfig(Section):
         """How many versions older than the trainer's a rollout in a batch can be."""
         return self.max_async_level if self.max_off_policy_steps is None else self.max_off_policy_steps
 
-    @property
-    def adapter_slots(self) -> int:
-        """Adapter versions a vLLM worker must hold at once: every version rollouts may still use
-        (max_policy_lag + 1), plus the next one, loaded before the oldest is unloaded."""
-        return self.max_policy_lag + 2
-
 
 class InferenceConfig(Section):
     num_workers: int = Field(1, ge=1)
@@ -774,19 +721,6 @@ class InferenceConfig(Section):
         if self.gpu_memory_utilization is not None:
             return self.gpu_memory_utilization
         return 0.4 if self.colocate_with_trainer else 0.9
-
-    @property
-    def given_max_loras(self) -> int | None:
-        """The `--max-loras` set in extra_args (`--max-loras N` or `--max-loras=N`), if any."""
-        for i, arg in enumerate(self.extra_args):
-            value = arg.partition("=")[2] if arg.startswith("--max-loras=") else None
-            if arg == "--max-loras":
-                value = self.extra_args[i + 1] if i + 1 < len(self.extra_args) else ""
-            if value is not None:
-                if not value.isdigit():
-                    raise ValueError(f"inference.extra_args: --max-loras takes a whole number, not {value!r}")
-                return int(value)
-        return None
 
 
 def _url_problem(url: str) -> str | None:
@@ -1049,28 +983,10 @@ class RLConfig(SharedConfig):
         self.variant_configs()  # every variant resolves, or the error names its key
         return self
 
-    @model_validator(mode="after")
-    def _adapter_slots_fit(self) -> RLConfig:
-        # A user's --max-loras must hold every adapter version a worker can have loaded at once.
-        slots = self.adapter_slots
-        if (given := self.inference.given_max_loras) is not None and given < slots:
-            raise ValueError(
-                f"inference.extra_args sets --max-loras {given}, but rollouts may lag "
-                f"{self.orchestrator.max_policy_lag} versions (max_async_level / max_off_policy_steps)"
-                + (f" for each of {len(self.variants)} variants" if self.variants else "")
-                + f", so {slots} adapter versions can be loaded: raise --max-loras or leave it out (rl derives it)"
-            )
-        return self
-
     @property
     def lora(self) -> LoraConfig:
         assert self.model.lora is not None, "model.full_finetune: no adapter"  # else set by the validator
         return self.model.lora
-
-    @property
-    def adapter_slots(self) -> int:
-        """Adapter versions a vLLM worker must hold at once: each variant's (or the one adapter's) slots."""
-        return self.orchestrator.adapter_slots * max(1, len(self.variants))
 
     @property
     def max_lora_rank(self) -> int:

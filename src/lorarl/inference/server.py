@@ -30,6 +30,33 @@ def served_lora_rank(cfg: RLConfig, experts: bool) -> int:
     return vllm_max_lora_rank(cfg.max_lora_rank * (2 if experts else 1))
 
 
+def adapter_slots(cfg: RLConfig) -> int:
+    """Adapter versions a worker must hold at once (vLLM's --max-loras): for each variant's adapter, or
+    the one adapter, every version rollouts may still use (max_policy_lag + 1), plus the next one,
+    loaded before the oldest is unloaded."""
+    return (cfg.orchestrator.max_policy_lag + 2) * max(1, len(cfg.variants))
+
+
+def given_max_loras(extra_args: list[str]) -> int | None:
+    """The `--max-loras` set in inference.extra_args (`--max-loras N` or `--max-loras=N`), if any;
+    ValueError naming the key if it is no whole number."""
+    for i, arg in enumerate(extra_args):
+        value = arg.partition("=")[2] if arg.startswith("--max-loras=") else None
+        if arg == "--max-loras":
+            value = extra_args[i + 1] if i + 1 < len(extra_args) else ""
+        if value is not None:
+            if not value.isdigit():
+                raise ValueError(f"inference.extra_args: --max-loras takes a whole number, not {value!r}")
+            return int(value)
+    return None
+
+
+def max_loras(cfg: RLConfig) -> int:
+    """The adapters each worker holds: the user's --max-loras, or the run's adapter slots."""
+    given = given_max_loras(cfg.inference.extra_args)
+    return adapter_slots(cfg) if given is None else given
+
+
 def worker_urls(cfg: RLConfig, hosts: list[str] | None = None) -> list[str]:
     """The URL of every worker: inference.urls, or those `rl` starts at inference.host, or at `hosts`
     (worker i's node address, where Ray placed them)."""
@@ -82,10 +109,10 @@ def lora_args(cfg: RLConfig, gpus: int, experts: bool) -> list[str]:
     """Serving the adapters: every variant's ([[variants]]) share the server, so room for the largest
     rank and all their slots; on a CPU, with LoRA ops whose cost does not grow with that rank; with
     expert LoRA, the flag that loads PEFT's fused expert layout (docs/moe.md)."""
-    max_loras = [] if cfg.inference.given_max_loras is not None else ["--max-loras", str(cfg.adapter_slots)]
+    slots = [] if given_max_loras(cfg.inference.extra_args) is not None else ["--max-loras", str(adapter_slots(cfg))]
     cpu_ops = ["--worker-extension-cls", CPU_LORA_EXTENSION] if gpus == 0 else []
     fused = ["--enable-mixed-moe-lora-format"] if experts else []
-    return ["--enable-lora", "--max-lora-rank", str(served_lora_rank(cfg, experts)), *max_loras, *cpu_ops, *fused]
+    return ["--enable-lora", "--max-lora-rank", str(served_lora_rank(cfg, experts)), *slots, *cpu_ops, *fused]
 
 
 def vllm_env(cfg: RLConfig, gpus: str | None = None) -> dict[str, str]:

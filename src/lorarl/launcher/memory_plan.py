@@ -412,12 +412,12 @@ def _vllm_plan(cfg: RLConfig, shape: ModelShape, slot: Slot, device_gib: float, 
     if not on_gpu:
         parts = [Part("weights", shape.parameters * b / GIB), Part("KV cache", float(inf.kv_cache_gib))]
         return ProcessPlan(slot.name, slot.devices, parts, None, extra=" (inference.kv_cache_gib)")
-    from lorarl.inference.server import served_lora_rank
+    from lorarl.inference.server import max_loras, served_lora_rank
 
     lora = 0
     if not cfg.model.full_finetune:
         per_rank = adapter_parameters(shape.name, cfg.lora) / cfg.lora.rank  # linear in the rank
-        slots = inf.given_max_loras or cfg.adapter_slots
+        slots = max_loras(cfg)
         lora = round(per_rank * served_lora_rank(cfg, serves_expert_lora(cfg)) * slots)
     budget = inf.memory_fraction * device_gib
     parts, kv_per_token = vllm_parts(shape, b, inf.tensor_parallel_size, lora, budget)

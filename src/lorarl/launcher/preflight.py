@@ -28,8 +28,10 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from lorarl.config.models import LoraConfig, ModelConfig, RLConfig, SFTConfig, json_object
+from lorarl.config.loader import json_object
+from lorarl.config.models import LoraConfig, ModelConfig, RLConfig, SFTConfig
 from lorarl.inference.health import check_served_model
+from lorarl.inference.server import adapter_slots, given_max_loras
 from lorarl.launcher.bundles import plan_bundles, ray_placement
 from lorarl.launcher.memory_plan import (
     AdapterError,
@@ -44,6 +46,7 @@ from lorarl.launcher.placement import Placement, place, visible_gpus
 from lorarl.orchestrator import envs
 from lorarl.orchestrator.envs import EnvArgsError, check_environment
 from lorarl.plugins import PluginError, PluginKind, load_function
+from lorarl.trainer.model import check_init_adapter, check_lora_for_rl
 
 _HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 _RAY_ADDRESS = re.compile(r"^(auto|(ray://)?[\w.-]+:\d+)$")
@@ -68,6 +71,7 @@ def check_rl(cfg: RLConfig, gpus: int) -> Placement:
         # A server of inference.urls must be vLLM serving model.name (a ServerCheckError is a ValueError).
         for url in cfg.inference.urls:
             check_served_model(url, cfg.model.name, cfg.inference.api_key)
+        check_adapter_slots(cfg)
         # On Ray, a dry run shows GPU bundles when this machine has GPUs (or pretends to); a run asks the cluster.
         placement = (
             ray_placement(cfg, plan_bundles(cfg, gpus > 0)) if cfg.cluster.backend == "ray" else place(cfg, gpus)
@@ -91,12 +95,25 @@ def check_rl(cfg: RLConfig, gpus: int) -> Placement:
     return placement
 
 
+def check_adapter_slots(cfg: RLConfig) -> None:
+    """A user's --max-loras (inference.extra_args) must hold every adapter version a worker can have
+    loaded at once; ValueError naming the key."""
+    slots, given = adapter_slots(cfg), given_max_loras(cfg.inference.extra_args)
+    if given is not None and given < slots:
+        raise ValueError(
+            f"inference.extra_args sets --max-loras {given}, but rollouts may lag "
+            f"{cfg.orchestrator.max_policy_lag} versions (max_async_level / max_off_policy_steps)"
+            + (f" for each of {len(cfg.variants)} variants" if cfg.variants else "")
+            + f", so {slots} adapter versions can be loaded: raise --max-loras or leave it out (rl derives it)"
+        )
+
+
 def check_adapter(cfg: RLConfig) -> None:
     """What one adapter of `rl` needs: a LoRA that vLLM can serve (unless model.full_finetune), its
     environments, its user functions."""
     try:
         if not cfg.model.full_finetune:
-            cfg.lora.check_for_rl()
+            check_lora_for_rl(cfg.lora)
     except ValueError as e:
         raise PreflightError(str(e)) from None
     check_environments(cfg)
@@ -179,7 +196,7 @@ def check_sft(cfg: SFTConfig) -> None:
     check_model(cfg.model.name)
     try:
         if cfg.model.lora is not None:
-            cfg.model.lora.check_init_adapter()
+            check_init_adapter(cfg.model.lora)
     except ValueError as e:
         raise PreflightError(str(e)) from None
     check_model_loads(cfg.model, visible_gpus(cfg) > 0)

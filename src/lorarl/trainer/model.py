@@ -6,6 +6,7 @@ import resource
 import sys
 import warnings
 from pathlib import Path
+from typing import Any
 
 import peft
 import torch
@@ -13,6 +14,7 @@ from peft.tuners.lora.layer import ParamWrapper
 from peft.utils.error import NoMatchingPeftModuleError
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from lorarl.config.loader import json_object
 from lorarl.config.models import LoraConfig, ModelConfig
 from lorarl.model_shapes import FUSED_EXPERT_LORA
 from lorarl.trainer import attention  # noqa: F401  (registers "packed_sdpa" with transformers)
@@ -41,13 +43,50 @@ def peft_lora_config(cfg: LoraConfig) -> peft.LoraConfig:
     )
 
 
+def check_lora_for_rl(lora: LoraConfig) -> None:
+    """What `rl` needs beyond `check_init_adapter`: vLLM loads LoRA weights only, so an adapter
+    with fully trained modules (modules_to_save) could never be sampled from."""
+    check_init_adapter(lora)
+    saved = _saved_adapter_config(lora).get("modules_to_save") if lora.init_adapter is not None else None
+    for where, modules in (
+        ("[model.lora] modules_to_save", lora.modules_to_save),
+        (f"model.lora.init_adapter {lora.init_adapter}", saved),
+    ):
+        if modules:
+            raise ValueError(
+                f"{where} trains {modules} in full, but rl serves every adapter through vLLM, which "
+                "loads LoRA weights only: use modules_to_save with sft, and target_modules for rl"
+            )
+
+
+def check_init_adapter(lora: LoraConfig) -> None:
+    """An init adapter must match its [model.lora] section: vLLM is started for this rank, and the
+    trainer would otherwise silently train another layout than the config says."""
+    if lora.init_adapter is None:
+        return
+    saved = _saved_adapter_config(lora)
+    for key, want in (("r", lora.rank), ("lora_alpha", lora.alpha), ("use_rslora", lora.use_rslora)):
+        if saved.get(key) != want:
+            raise ValueError(
+                f"model.lora.init_adapter {lora.init_adapter} has {key}={saved.get(key)}, "
+                f"but [model.lora] says {want}: make them agree"
+            )
+
+
+def _saved_adapter_config(lora: LoraConfig) -> dict[str, Any]:
+    path = Path(str(lora.init_adapter)) / "adapter_config.json"
+    if not path.is_file():
+        raise ValueError(f"model.lora.init_adapter: {path} not found (expected a PEFT adapter folder)")
+    return json_object(path, "model.lora.init_adapter")
+
+
 def apply_lora(model: TrainedModel, cfg: LoraConfig, adapter_name: str = "default") -> peft.PeftModel:
     """Wrap `model` with a trainable LoRA adapter named `adapter_name`: fresh (B = 0, so it starts as
     the base model) or loaded from `cfg.init_adapter`. Only adapter weights (and `modules_to_save`)
     require grad. A PeftModel gets the adapter added beside those it has ([[variants]]); the
     caller picks the active one (`set_adapter`)."""
     if cfg.init_adapter is not None:
-        cfg.check_init_adapter()
+        check_init_adapter(cfg)
         if isinstance(model, peft.PeftModel):
             model.load_adapter(str(cfg.init_adapter), adapter_name, is_trainable=True)
             return model

@@ -36,6 +36,7 @@ from lorarl.trainer.mismatch import effective_sample_size
 from lorarl.trainer.model import (
     TrainedModel,
     apply_lora,
+    check_lora_for_rl,
     check_vllm_can_serve,
     enable_gradient_checkpointing,
     load_model,
@@ -165,7 +166,7 @@ def rl_model(cfg: RLConfig) -> TrainedModel:
     if cfg.model.full_finetune:
         model: TrainedModel = load_model(cfg.model)
     else:
-        cfg.lora.check_for_rl()
+        check_lora_for_rl(cfg.lora)
         model = apply_lora(load_model(cfg.model), cfg.lora)
         check_vllm_can_serve(model)
     if cfg.trainer.gradient_checkpointing:

@@ -28,6 +28,7 @@ from lorarl.trainer.checkpoint import find_checkpoint, load_weights
 from lorarl.trainer.distributed import init_data_parallel
 from lorarl.trainer.model import (
     apply_lora,
+    check_lora_for_rl,
     check_vllm_can_serve,
     enable_gradient_checkpointing,
     load_model,
@@ -85,7 +86,7 @@ def set_up_variants(cfg: RLConfig) -> list[VariantTrainer]:
     base = load_model(cfg.model)
     seeded = torch.get_rng_state()
     for v in variants:
-        v.cfg.lora.check_for_rl()
+        check_lora_for_rl(v.cfg.lora)
         # Each fresh adapter draws its initial weights from where a run of its own would: the same
         # random state, right after the base model is loaded.
         torch.set_rng_state(seeded)

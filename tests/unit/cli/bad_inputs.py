@@ -84,11 +84,11 @@ def merge_args(base: str = "{w.model}", adapter: str = "{w.adapter}", out: str =
 COMMANDS = {
     "rl": rl.main,
     "sft": sft.main,
-    "merge": merge.main,
+    "lorarl-merge": merge.main,
     "lorarl-plot": plot.main,
-    "trainer": trainer.main,
-    "orchestrator": orchestrator.main,
-    "inference": inference.main,
+    "lorarl-trainer": trainer.main,
+    "lorarl-orchestrator": orchestrator.main,
+    "lorarl-inference": inference.main,
 }
 
 

@@ -196,14 +196,14 @@ CASES: list[Case] = [
     ("sft", sft_args("--resume", run_name="previous"), "holds an rl run, not an sft run"),
     ("sft", sft_args("--model.name", "{w.root}/no-model"), "model.name: "),
     # merge.
-    ("merge", merge_args(out="{w.model}"), "overlaps --base"),
-    ("merge", merge_args(out="{w.adapter}/merged"), "overlaps --adapter"),
-    ("merge", merge_args(out="{w.root}"), "overlaps"),
-    ("merge", merge_args(out="{w.user}"), "is not empty and is not an earlier merge output"),
-    ("merge", merge_args(out="{w.earlier_merge}"), "add --overwrite to replace it"),
-    ("merge", merge_args(out="{w.data}"), "is a file"),
-    ("merge", merge_args(adapter="{w.user}"), "--adapter"),
-    ("merge", merge_args(base="{w.root}/no-model"), "--base"),
+    ("lorarl-merge", merge_args(out="{w.model}"), "overlaps --base"),
+    ("lorarl-merge", merge_args(out="{w.adapter}/merged"), "overlaps --adapter"),
+    ("lorarl-merge", merge_args(out="{w.root}"), "overlaps"),
+    ("lorarl-merge", merge_args(out="{w.user}"), "is not empty and is not an earlier merge output"),
+    ("lorarl-merge", merge_args(out="{w.earlier_merge}"), "add --overwrite to replace it"),
+    ("lorarl-merge", merge_args(out="{w.data}"), "is a file"),
+    ("lorarl-merge", merge_args(adapter="{w.user}"), "--adapter"),
+    ("lorarl-merge", merge_args(base="{w.root}/no-model"), "--base"),
 ]
 
 

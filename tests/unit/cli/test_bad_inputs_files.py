@@ -163,22 +163,22 @@ CASES: list[Case] = [
     ),
     ("sft", sft_in("{w.root}/files/runs", "samples-step_3.jsonl", "--overwrite"), "samples/step_3.jsonl"),
     # merge: outputs that are files, unwritable, too long; earlier merges with a user's files.
-    ("merge", merge_args(out="/dev/null"), "--out /dev/null: /dev/null is not a folder"),
-    ("merge", merge_args(out="/dev/null/merged"), "/dev/null is not a folder"),
-    ("merge", merge_args(out="{w.root}/inputs/chat.jsonl/merged"), "chat.jsonl is a file, not a folder"),
+    ("lorarl-merge", merge_args(out="/dev/null"), "--out /dev/null: /dev/null is not a folder"),
+    ("lorarl-merge", merge_args(out="/dev/null/merged"), "/dev/null is not a folder"),
+    ("lorarl-merge", merge_args(out="{w.root}/inputs/chat.jsonl/merged"), "chat.jsonl is a file, not a folder"),
     (
-        "merge",
+        "lorarl-merge",
         lambda w: merge_args(out=in_unwritable("merged")(w))(w),
         "lorarl-bad-input" if os.geteuid() == 0 else "read-only",
     ),
-    ("merge", merge_args(out=f"{{w.root}}/{TOO_LONG}"), "is longer than a file system allows"),
+    ("lorarl-merge", merge_args(out=f"{{w.root}}/{TOO_LONG}"), "is longer than a file system allows"),
     (
-        "merge",
+        "lorarl-merge",
         merge_args("{w.model}", "{w.adapter}", "{w.earlier_merge}", "--overwrite"),
         "holds an earlier merge with no record of its files",
     ),
     (
-        "merge",
+        "lorarl-merge",
         merge_args("{w.model}", "{w.adapter}", "{w.root}/files/merged", "--overwrite"),
         "config.json there is not in the earlier merge's MANIFEST.json",
     ),
@@ -206,14 +206,18 @@ CASES: list[Case] = [
     ("lorarl-plot", plot_of(ROW, out="{w.root}/files/figures"), "overview.png there was not written by lorarl-plot"),
     ("lorarl-plot", lambda w: [str(files(w) / "plotted")], "reward.png there was not written by lorarl-plot"),
     # trainer and orchestrator run alone: only into a folder that lorarl prepared.
-    ("trainer", alone("{w.root}/outputs", "new"), "is not a run folder (no run.json): trainer run alone"),
-    ("trainer", alone("{w.root}", "thesis"), "thesis is not a run folder"),
-    ("trainer", alone("/dev/null", "new"), "/dev/null/new is not a run folder"),
-    ("trainer", alone("{w.root}/outputs", LONG), "run_name has 201 characters"),
-    ("orchestrator", alone("{w.root}/outputs", "new"), "is not a run folder (no run.json): orchestrator run alone"),
-    ("orchestrator", alone("{w.root}/outputs", "mine"), "mine is not a run folder"),
-    ("orchestrator", alone("unwritable", "new"), "is not a run folder"),
-    ("orchestrator", alone("{w.root}/outputs", LONG), "run_name has 201 characters"),
+    ("lorarl-trainer", alone("{w.root}/outputs", "new"), "is not a run folder (no run.json): trainer run alone"),
+    ("lorarl-trainer", alone("{w.root}", "thesis"), "thesis is not a run folder"),
+    ("lorarl-trainer", alone("/dev/null", "new"), "/dev/null/new is not a run folder"),
+    ("lorarl-trainer", alone("{w.root}/outputs", LONG), "run_name has 201 characters"),
+    (
+        "lorarl-orchestrator",
+        alone("{w.root}/outputs", "new"),
+        "is not a run folder (no run.json): orchestrator run alone",
+    ),
+    ("lorarl-orchestrator", alone("{w.root}/outputs", "mine"), "mine is not a run folder"),
+    ("lorarl-orchestrator", alone("unwritable", "new"), "is not a run folder"),
+    ("lorarl-orchestrator", alone("{w.root}/outputs", LONG), "run_name has 201 characters"),
 ]
 
 

@@ -133,23 +133,31 @@ CASES: list[Case] = [
     ("rl", rl_urls("right", "closed"), "nothing usable answers at"),  # the second of two
     # The orchestrator run alone checks them as rl does, before it writes anything (a url where nothing
     # answers yet it waits for: under `rl`, a server may be restarting when the orchestrator is).
-    ("orchestrator", alone(server="files"), "/health answered HTTP 404"),
-    ("orchestrator", alone(server="other"), "other-model, not model.name"),
-    ("orchestrator", alone(server="models_other_vendor"), f"{NOT_A_VLLM} (its /v1/models answers"),
-    ("orchestrator", alone("--inference.request_timeout", "-30"), f"inference.request_timeout: {POSITIVE}"),
+    ("lorarl-orchestrator", alone(server="files"), "/health answered HTTP 404"),
+    ("lorarl-orchestrator", alone(server="other"), "other-model, not model.name"),
+    ("lorarl-orchestrator", alone(server="models_other_vendor"), f"{NOT_A_VLLM} (its /v1/models answers"),
+    ("lorarl-orchestrator", alone("--inference.request_timeout", "-30"), f"inference.request_timeout: {POSITIVE}"),
     # Request timeouts and the slowest generation expected of a worker.
     ("rl", rl_args("--inference.request_timeout", "0"), f"inference.request_timeout: {POSITIVE}"),
     ("rl", rl_args("--inference.request_timeout", "inf"), f"inference.request_timeout: {FINITE}"),
     ("rl", rl_args("--inference.min_tokens_per_s", "0"), f"inference.min_tokens_per_s: {POSITIVE}"),
     ("rl", rl_args("--inference.min_tokens_per_s", "nan"), f"inference.min_tokens_per_s: {FINITE}"),
-    ("inference", inference_args("--inference.min_tokens_per_s", "fast"), "min_tokens_per_s: Input should be a valid"),
+    (
+        "lorarl-inference",
+        inference_args("--inference.min_tokens_per_s", "fast"),
+        "min_tokens_per_s: Input should be a valid",
+    ),
     ("rl", rl_args("--inference.unavailable_timeout", "0"), f"inference.unavailable_timeout: {POSITIVE}"),
-    ("inference", inference_args("--inference.startup_timeout", "-1"), f"inference.startup_timeout: {POSITIVE}"),
+    ("lorarl-inference", inference_args("--inference.startup_timeout", "-1"), f"inference.startup_timeout: {POSITIVE}"),
     ("rl", rl_args("--inference.max_restarts", "-1"), "inference.max_restarts: Input should be greater than or"),
     # Worker settings of `lorarl-inference`.
-    ("inference", inference_args("--inference.tensor_parallel_size", "0"), "inference.tensor_parallel_size: Input"),
-    ("inference", inference_args("--inference.gpu_memory_utilization", "1.5"), "gpu_memory_utilization: Input"),
-    ("inference", inference_args("--inference.cpu_threads", "0"), "inference.cpu_threads: Input"),
+    (
+        "lorarl-inference",
+        inference_args("--inference.tensor_parallel_size", "0"),
+        "inference.tensor_parallel_size: Input",
+    ),
+    ("lorarl-inference", inference_args("--inference.gpu_memory_utilization", "1.5"), "gpu_memory_utilization: Input"),
+    ("lorarl-inference", inference_args("--inference.cpu_threads", "0"), "inference.cpu_threads: Input"),
 ]
 
 

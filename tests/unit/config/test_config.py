@@ -6,6 +6,7 @@ import pytest
 
 from lorarl.config.loader import ConfigError, load_config
 from lorarl.config.models import RLConfig, SFTConfig
+from lorarl.inference.server import adapter_slots
 
 
 def write(path: Path, text: str) -> str:
@@ -216,13 +217,13 @@ def test_a_variant_inherits_every_key_it_does_not_set() -> None:
     assert [e.id for e in r1.orchestrator.env] == ["reverse_text"] and r1.trainer.loss.kl_coef == 0
     assert [e.id for e in math.orchestrator.env] == ["math"] and math.trainer.loss.kl_coef == 0.1
     assert math.lora.rank == 8 and not r1.variants and not math.variants
-    assert cfg.max_lora_rank == 8 and cfg.adapter_slots == 2 * cfg.orchestrator.adapter_slots
+    assert cfg.max_lora_rank == 8 and adapter_slots(cfg) == 2 * (cfg.orchestrator.max_policy_lag + 2)
 
 
 def test_without_variants_the_run_has_its_one_adapter() -> None:
     cfg = sweep()
     assert cfg.variant_configs() == [] and cfg.max_lora_rank == 8
-    assert cfg.adapter_slots == cfg.orchestrator.adapter_slots
+    assert adapter_slots(cfg) == cfg.orchestrator.max_policy_lag + 2
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,9 @@ from lorarl.config.models import RLConfig
 from lorarl.inference.server import vllm_env, vllm_max_lora_rank, worker_urls
 from lorarl.launcher.placement import place
 from lorarl.launcher.plan import plan_run, worker_command
+from lorarl.launcher.preflight import check_adapter_slots
 from lorarl.run_folder import RunFolder
+from lorarl.trainer.model import check_init_adapter
 
 
 @pytest.mark.parametrize(("rank", "expected"), [(1, 1), (2, 8), (8, 8), (9, 16), (100, 128), (300, 320)])
@@ -96,17 +98,19 @@ def test_rl_always_trains_lora_and_checks_the_init_adapter(tmp_path: Path) -> No
     (tmp_path / "adapter_config.json").write_text('{"r": 16, "lora_alpha": 16, "use_rslora": false}')
     c.lora.init_adapter = tmp_path
     with pytest.raises(ValueError, match="has r=16, but \\[model.lora\\] says 8"):
-        c.lora.check_init_adapter()
+        check_init_adapter(c.lora)
 
 
 def test_a_user_max_loras_must_hold_every_version_in_flight(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="sets --max-loras 2, but rollouts may lag 1 versions"):
-        cfg(tmp_path, inference={"extra_args": ["--max-loras", "2"]})
+        check_adapter_slots(cfg(tmp_path, inference={"extra_args": ["--max-loras", "2"]}))
     c = cfg(tmp_path, inference={"extra_args": ["--max-loras", "6"]})
     assert worker_command(c).count("--max-loras") == 1 and "6" in worker_command(c)
     # Continuous batching keeps versions up to max_off_policy_steps old in flight.
     with pytest.raises(ValueError, match="sets --max-loras 4, but rollouts may lag 3 versions"):
-        cfg(tmp_path, orchestrator={"max_off_policy_steps": 3}, inference={"extra_args": ["--max-loras", "4"]})
+        check_adapter_slots(
+            cfg(tmp_path, orchestrator={"max_off_policy_steps": 3}, inference={"extra_args": ["--max-loras", "4"]})
+        )
     assert "--max-loras 5" in " ".join(worker_command(cfg(tmp_path, orchestrator={"max_off_policy_steps": 3})))
 
 
@@ -127,7 +131,7 @@ def test_a_sweep_starts_vllm_for_its_largest_rank_and_every_variants_adapters(tm
     assert "--max-loras 12" in cmd  # 4 versions each (see above), for 3 variants
     flag = {"extra_args": ["--max-loras=6"]}
     with pytest.raises(ValueError, match="sets --max-loras 6, but .* for each of 3 variants, so 12"):
-        cfg(tmp_path, orchestrator={"max_async_level": 2}, inference=flag, variants=variants)
+        check_adapter_slots(cfg(tmp_path, orchestrator={"max_async_level": 2}, inference=flag, variants=variants))
     run = RunFolder(tmp_path / "default").create()
     plan_run(c, run, place(c, 0))
     for role in ("trainer", "orchestrator", "inference"):  # each process resolves the variants itself

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from lorarl.config.loader import load_config
 from lorarl.config.models import LoraConfig, RLConfig
-from lorarl.inference.server import served_lora_rank
+from lorarl.inference.server import adapter_slots, served_lora_rank
 from lorarl.launcher.memory_plan import adapter_parameters, expert_lora, rl_memory_plan, serves_expert_lora
 from lorarl.launcher.placement import place
 from lorarl.launcher.plan import worker_command
@@ -45,5 +45,5 @@ def test_the_moe_recipe_fits_with_expert_lora_in_every_process() -> None:
     assert abs(parts["adapter+grads+AdamW"] - 16 * adapter_parameters(QWEN3_30B_A3B, cfg.lora) / 2**30) < 0.05
     vllm = {p.what: p.gib for p in plan.processes[0].parts}
     # Each of the adapter_slots in bf16 at vLLM's rank 16 (twice the adapter's), over tensor parallelism 2.
-    slots = adapter_parameters(QWEN3_30B_A3B, cfg.lora) * 16 / 8 * cfg.adapter_slots * 2 / 2 / 2**30
+    slots = adapter_parameters(QWEN3_30B_A3B, cfg.lora) * 16 / 8 * adapter_slots(cfg) * 2 / 2 / 2**30
     assert abs(vllm["LoRA slots"] - slots) < 0.05

@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen3Config, Qwe
 
 from lorarl.config.loader import load_config
 from lorarl.config.models import LoraConfig, RLConfig
-from lorarl.trainer.model import apply_lora, check_vllm_can_serve, parameter_summary
+from lorarl.trainer.model import apply_lora, check_lora_for_rl, check_vllm_can_serve, parameter_summary
 
 # Qwen3-0.6B and Qwen3-4B (their config.json): hidden, intermediate, layers, heads, kv heads.
 QWEN3_SHAPES = {"0.6B": (1024, 3072, 28, 16, 8), "4B": (2560, 9728, 36, 32, 8)}
@@ -147,8 +147,8 @@ def test_modules_to_save_trains_the_whole_module_for_sft_and_rl_refuses_it(tmp_p
     assert parameter_summary(model)["params/trainable"] == expected
 
     with pytest.raises(ValueError, match=r"\[model.lora\] modules_to_save trains \['model.norm'\] in full.*vLLM"):
-        lora.check_for_rl()
-    LoraConfig().check_for_rl()
+        check_lora_for_rl(lora)
+    check_lora_for_rl(LoraConfig())
 
     # An sft adapter with modules_to_save cannot start an rl run either.
     adapter = tmp_path / "adapter"
@@ -156,10 +156,10 @@ def test_modules_to_save_trains_the_whole_module_for_sft_and_rl_refuses_it(tmp_p
     saved = {"r": 8, "lora_alpha": 16.0, "use_rslora": False, "modules_to_save": ["lm_head"]}
     (adapter / "adapter_config.json").write_text(json.dumps(saved))
     with pytest.raises(ValueError, match=r"init_adapter .* trains \['lm_head'\] in full"):
-        LoraConfig(init_adapter=adapter).check_for_rl()
+        check_lora_for_rl(LoraConfig(init_adapter=adapter))
     (adapter / "adapter_config.json").write_text(json.dumps(saved | {"modules_to_save": None, "r": 16}))
     with pytest.raises(ValueError, match="r=16"):  # and it still checks what check_init_adapter checks
-        LoraConfig(init_adapter=adapter).check_for_rl()
+        check_lora_for_rl(LoraConfig(init_adapter=adapter))
 
 
 # Qwen3-30B-A3B (its config.json), two of its 48 layers: every layer is a sparse MoE block.
