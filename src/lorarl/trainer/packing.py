@@ -10,7 +10,9 @@ batch-wide number of the sample each token belongs to (`sample_index`), by which
 Attention boundaries, as checked against transformers 5.19 (attention.py has the paths that skip what
 a row masks out):
 * "packed_sdpa" (the default): each segment (sample, shared prompt) attends on its own, through
-  sdpa, at the cost of the samples; the forward pass gets the segments (`Segments`), no mask.
+  sdpa, at the cost of the samples; the forward pass gets the segments (`Segments`), no mask. Rows
+  of at most DENSE_ROWS_UP_TO tokens get sdpa's mask instead: there one kernel call per row costs
+  less than one per sample (docs/attention.md).
 * "flex_attention": a FlexAttention block mask from the segment ids; GPUs only (no CPU backward).
 * "sdpa" and "eager": an explicit 4D block-diagonal causal mask, which costs memory and time in the
   square of the row width. transformers can also infer the boundaries from position ids alone, but
@@ -48,6 +50,9 @@ from lorarl.trainer.batching import MicroBatch, TrainSample, by_temperature, mic
 # Attention implementations that take a custom 4D mask: a boolean one (True = attend) for sdpa,
 # an additive float one for eager.
 _EXPLICIT_MASK = ("sdpa", "eager")
+# Row width up to which packed_sdpa passes the dense mask: measured on 2 CPU threads, the mask costs
+# 0.3-0.9x packed_sdpa's time at 128 tokens and is about even at 512 (docs/attention.md).
+DENSE_ROWS_UP_TO = 256
 # Those that see shared prompts (module docstring); the others find the boundaries from position ids.
 _SEES_SHARED_PROMPTS = (PACKED_SDPA, "flex_attention", *_EXPLICIT_MASK)
 # How much wider than seq_len a row of shared prompts may grow: with a dense mask, attention over a row
@@ -138,6 +143,8 @@ class PackedBatch:
         """What tells the attention implementation the segments of the rows (module docstring): the
         segments themselves, a FlexAttention block mask, a 4D mask, or nothing (the position ids)."""
         if attn_implementation == PACKED_SDPA:
+            if self.input_ids.shape[1] <= DENSE_ROWS_UP_TO:  # packed_sdpa hands a mask to plain sdpa
+                return {"attention_mask": self.attention_mask("sdpa", dtype).to(device)}  # type: ignore[union-attr]
             return {"attention_mask": None, SEGMENTS_KWARG: Segments.of(self.sequence_ids, self.prefix_ids)}
         if attn_implementation == "flex_attention":
             if device.type == "cpu" and torch.is_grad_enabled():

@@ -6,12 +6,19 @@ import torch
 
 from lorarl.config.models import LoraConfig
 from lorarl.tiny_model import build_model, build_tokenizer
+from lorarl.trainer import packing
 from lorarl.trainer.attention import SEGMENTS_KWARG, Segment, Segments
 from lorarl.trainer.batching import MicroBatch, TrainSample, micro_batches
 from lorarl.trainer.loss import token_logprobs
 from lorarl.trainer.model import apply_lora, enable_gradient_checkpointing
 from lorarl.trainer.packing import PackedBatch, collate_packed, packed_micro_batches, shared_prompts
 from tests.unit.trainer.test_packing import grouped_samples, loss_and_grads, random_samples
+
+
+@pytest.fixture(autouse=True)
+def segments_for_every_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These rows are short: without this, packed_sdpa would give them the dense mask."""
+    monkeypatch.setattr(packing, "DENSE_ROWS_UP_TO", 0)
 
 
 def shared_prompt_batch() -> PackedBatch:
@@ -37,6 +44,14 @@ def test_segments_name_each_samples_tokens_and_its_shared_prompt() -> None:
     assert (mask == 0).int().tolist() == [[1, 1, 1, 0], [1, 1, 1, 1]]
     assert mask.min() == torch.finfo(torch.float32).min
     assert segments.mask(segments.rows[0][2], torch.float32, torch.device("cpu")) is mask
+
+
+def test_short_rows_get_the_dense_mask(monkeypatch: pytest.MonkeyPatch) -> None:
+    batch = shared_prompt_batch()
+    monkeypatch.setattr(packing, "DENSE_ROWS_UP_TO", batch.input_ids.shape[1])
+    inputs = batch.attention_inputs("packed_sdpa", torch.float32, torch.device("cpu"))
+    assert SEGMENTS_KWARG not in inputs
+    assert torch.equal(inputs["attention_mask"], batch.attention_mask("sdpa", torch.float32))
 
 
 def test_a_shared_prompt_must_precede_its_samples() -> None:
