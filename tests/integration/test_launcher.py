@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -49,10 +50,12 @@ def test_two_workers_one_killed_then_sigint_stops_every_process(tiny_model: Path
     """`rl` starts two vLLM workers of its own here: both serve every adapter version and take
     requests. One is killed (SIGKILL to its whole process group): it is taken out of routing, the run
     goes on with the other, and `rl` restarts it. After Ctrl-C none of the processes `rl` started
-    survives."""
+    survives. The workers take turns with the trainer (inference.time_share): sampling never runs
+    ahead, whatever max_async_level allows, and the trainer gets every core."""
     port = free_port(consecutive=2)
     cfg = rl_config(tiny_model, tmp_path, "sigint", max_steps=1000, **{"inference.port": port})
-    cfg["inference"]["num_workers"] = 2
+    cfg["inference"] |= {"num_workers": 2, "time_share": True}
+    cfg["orchestrator"]["max_async_level"] = 2
     proc = subprocess.Popen(rl_command(write_config(cfg, tmp_path / "rl.json")), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
     run = tmp_path / "sigint"
@@ -76,6 +79,10 @@ def test_two_workers_one_killed_then_sigint_stops_every_process(tiny_model: Path
         assert "vllm" in names and "lorarl.cli.trainer" in names and "lorarl.cli.orchestrator" in names
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=120) == 130
+        assert all(r["policy_lag/max"] == 0 for r in metrics(run) if r["component"] == "orchestrator")
+        trainer_cfg = json.loads((run / "configs" / "trainer.json").read_text())["trainer"]
+        assert trainer_cfg["num_threads"] == len(os.sched_getaffinity(0))
+        assert "take turns on every core" in (run / "configs" / "placement.txt").read_text()
         assert "inference-1 exited with code" in (proc.stderr.read() if proc.stderr else "")
     finally:
         if proc.poll() is None:

@@ -130,7 +130,8 @@ class ModelConfig(Section):
     ] = "packed_sdpa"
     """The trainer's transformers attention implementation (vLLM picks its own). "packed_sdpa": lorarl's,
     sdpa on each packed sample (and shared prompt) on its own, so attention costs what the samples do, not
-    the square of the row (docs/attention.md); plain sdpa for unpacked rows. "flex_attention": a
+    the square of the row (docs/attention.md); plain sdpa for unpacked rows and for rows of at most 256
+    tokens, where one call with a dense mask costs less. "flex_attention": a
     FlexAttention block mask (trains on GPUs only). "sdpa", "eager": a dense block-diagonal mask per
     packed row. "flash_attention_2", "flash_attention_3" (where installed): boundaries from position ids,
     no shared prompts."""
@@ -331,9 +332,9 @@ class TrainerConfig(Section):
     batch, and one of its samples of older versions, on the steps it runs (time/policy_gap). LoRA only,
     without fsdp. None: never."""
     num_threads: int | None = Field(None, ge=1)
-    """Torch CPU threads of each trainer rank. None: torch's default, except that `rl` starting vLLM
-    workers on a machine without a GPU leaves one core per worker to vLLM (sharing a core with its worker
-    is about 4x slower)."""
+    """Torch CPU threads of each trainer rank. None: torch's default (every core), except that `rl`
+    starting vLLM workers on a machine without a GPU and without inference.time_share leaves the
+    workers' cores to them (sharing a core with a generating worker is about 4x slower)."""
     parallel: ParallelConfig = ParallelConfig()
     """Data-parallel trainer ranks and weight sharding."""
     ckpt: CheckpointConfig = CheckpointConfig()
@@ -622,13 +623,22 @@ class InferenceConfig(Section):
     (`memory/peak_gib`) plus about 2 GiB: see docs/gpus.md. None: 0.9, or 0.4 with colocate_with_trainer."""
     kv_cache_gib: int = Field(1, ge=1)
     """KV cache per vLLM server in whole GiB on machines without a GPU (VLLM_CPU_KVCACHE_SPACE)."""
-    cpu_threads: int | None = Field(1, ge=1)
+    time_share: bool | None = None
+    """Whether vLLM and the trainer take turns on hardware they share instead of running at once: the
+    orchestrator samples a step's rollouts only once the trainer has published the policy of the step
+    before (on-policy, as max_async_level 0, whatever max_async_level says), so the trainer steps while
+    vLLM waits and vLLM generates while the trainer waits. On a machine without GPUs each side then runs
+    on every core in its turn (cpu_threads, trainer.num_threads) instead of on its share of them, which
+    pays when both sides speed up with more cores (docs/performance.md). None: true for vLLM workers
+    that share their GPUs with the trainer (colocate_with_trainer); false otherwise, the two overlapping
+    max_async_level apart (on a CPU, splitting its cores measured as fast or faster)."""
+    cpu_threads: int | None = Field(None, ge=1)
     """On a machine without GPUs: cores (and OpenMP threads) of each vLLM server `rl` starts, per
-    tensor-parallel rank. Worker i is pinned, its whole process tree, to the next cores in order, leaving
-    the last core (and any others) to the trainer's trainer.num_threads threads, so that vLLM's busy-waiting
-    engine cannot take the trainer's core (docs/performance.md); workers that need every core spread over
-    all of them. None: no pinning, vLLM binds its threads itself (VLLM_CPU_OMP_THREADS_BIND=auto: the
-    first core, for every worker). Unused with urls and on GPUs."""
+    tensor-parallel rank. Worker i's whole process tree is pinned to the next cores in order and its
+    threads bound there, so that vLLM's busy-waiting engine cannot take the trainer's cores
+    (docs/performance.md); workers that need every core spread over all of them. None: with time_share,
+    every core (split evenly between workers); without, 1 each, leaving the last core (and any others)
+    to trainer.num_threads. Unused with urls and on GPUs."""
     startup_timeout: float = Field(600.0, gt=0)
     """Seconds to wait for every vLLM server to answer /health before giving up."""
     extra_args: list[str] = []

@@ -4,14 +4,19 @@ Left to themselves they fight over the same cores. vLLM's CPU backend binds a wo
 threads to cores it picks alone (VLLM_CPU_OMP_THREADS_BIND=auto: every worker, and a restarted one,
 takes the same first cores of the NUMA node), and its engine process busy-waits (sched_yield) on
 the worker's replies while it generates, on whatever core the kernel gives it. On 2 cores that spinner
-lands on the trainer's core and halves its forward/backward. So `rl` splits the cores explicitly:
+lands on the trainer's core and halves its forward/backward. So `rl` gives out the cores explicitly,
+in one of two ways (inference.time_share):
 
-* worker i: `inference.cpu_threads` × tensor_parallel_size cores of its own, the first ones, in
-  order of workers. Its whole process tree (API server, engine, workers) is confined to them
-  (`python -m lorarl.inference.cpu_cores 0|1 -- vllm ...` sets the affinity and execs vLLM), and
-  its OpenMP threads are bound to them, one list per tensor-parallel rank (VLLM_CPU_OMP_THREADS_BIND).
-* the trainer: the cores that are left, with `trainer.num_threads` threads (by default all cores
-  less one per worker); the kernel puts it there, as no worker runs there.
+* taking turns (the default where `rl` starts the workers): the workers share every core out among
+  themselves and the trainer uses every core too; they never compute at once, as the orchestrator
+  samples only while the trainer waits for a batch.
+* split: worker i gets `inference.cpu_threads` × tensor_parallel_size cores of its own, the first
+  ones, in order of workers; the trainer the cores that are left, with `trainer.num_threads` threads
+  (by default all cores less the workers'); the two run at once.
+
+Either way a worker's whole process tree (API server, engine, workers) is confined to its cores
+(`python -m lorarl.inference.cpu_cores 0|1 -- vllm ...` sets the affinity and execs vLLM), and its
+OpenMP threads are bound to them, one list per tensor-parallel rank (VLLM_CPU_OMP_THREADS_BIND).
 
 By hand (a server started apart, or another split): `taskset -c 0-3 env VLLM_CPU_OMP_THREADS_BIND=0-3
 vllm serve ...`, and the trainer with `trainer.num_threads`; docs/performance.md says more.
@@ -32,22 +37,40 @@ def available_cores() -> list[int]:
     return list(range(os.cpu_count() or 1))  # macOS: no affinity; nothing here is pinned there
 
 
-def worker_cores(cfg: RLConfig, worker: int, cores: list[int] | None = None) -> list[list[int]] | None:
-    """The cores of worker `worker`'s tensor-parallel ranks, one list per rank, taken from `cores`
-    (default: `available_cores`); None with inference.cpu_threads None (no pinning). The workers take
-    the first cores in order and leave the rest to the trainer. Where they need every core (two
-    workers on 2 cores) they spread over all of them and the trainer shares; where they need more,
-    the later ones get the first cores again rather than none, so that a run still starts (slower).
-    A restarted worker gets its predecessor's cores."""
+def threads_per_rank(cfg: RLConfig, cores: int) -> int:
+    """Cores of each vLLM worker's tensor-parallel rank on a machine with `cores` cores:
+    inference.cpu_threads, or by default every core shared out between the workers when they take
+    turns with the trainer (inference.time_share), else 1."""
     inf = cfg.inference
-    if inf.cpu_threads is None:
-        return None
+    if inf.cpu_threads is not None:
+        return inf.cpu_threads
+    return max(1, cores // (inf.num_workers * inf.tensor_parallel_size)) if inf.time_share else 1
+
+
+def trainer_threads(cfg: RLConfig, cores: int) -> int:
+    """Torch threads of each trainer rank beside the workers `rl` starts on this machine's `cores`:
+    every core when they take turns, else the cores the workers leave (at least 1)."""
+    inf, dp = cfg.inference, cfg.trainer.parallel.dp
+    if inf.time_share:
+        return max(1, cores // dp)
+    taken = inf.num_workers * inf.tensor_parallel_size * threads_per_rank(cfg, cores)
+    return max(1, (cores - taken) // dp)
+
+
+def worker_cores(cfg: RLConfig, worker: int, cores: list[int] | None = None) -> list[list[int]]:
+    """The cores of worker `worker`'s tensor-parallel ranks, one list per rank, taken from `cores`
+    (default: `available_cores`). The workers take the first cores in order and leave the rest to the
+    trainer. Where they need every core (taking turns, or two workers on 2 cores) they spread over all
+    of them; where they need more, the later ones get the first cores again rather than none, so that a
+    run still starts (slower). A restarted worker gets its predecessor's cores."""
+    inf = cfg.inference
     cores = available_cores() if cores is None else cores
-    needed = inf.num_workers * inf.tensor_parallel_size * inf.cpu_threads
+    threads = threads_per_rank(cfg, len(cores))
+    needed = inf.num_workers * inf.tensor_parallel_size * threads
     usable = cores[:-1] if len(cores) > needed else cores
-    first = worker * inf.tensor_parallel_size * inf.cpu_threads
+    first = worker * inf.tensor_parallel_size * threads
     return [
-        [usable[(first + rank * inf.cpu_threads + k) % len(usable)] for k in range(inf.cpu_threads)]
+        [usable[(first + rank * threads + k) % len(usable)] for k in range(threads)]
         for rank in range(inf.tensor_parallel_size)
     ]
 

@@ -10,7 +10,8 @@ matmul; with no copy, the padding to --max-lora-rank costs little.
 vLLM imports this module in every worker process (`--worker-extension-cls`, which `rl` passes to a
 CPU server that serves adapters: server.py) before it builds the model; on GPUs nothing is patched
 (their ops are Triton kernels). Rows of index -1 (a request for the base model) get no adapter, as
-vLLM's GPU kernels do: vLLM's CPU ops take index -1 for the last adapter slot.
+vLLM's GPU kernels do: vLLM's CPU ops take index -1 for the last adapter slot. On a CPU the
+extension also makes the worker stop spinning once idle (worker_idle.py), for the trainer's sake.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import torch
 from vllm.lora.ops.torch_ops import lora_ops
 from vllm.lora.punica_wrapper import punica_cpu
 from vllm.platforms import current_platform
+
+from lorarl.inference import worker_idle
 
 
 def lora_matmul(inputs: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -114,6 +117,7 @@ def install() -> None:
 
 if current_platform.is_cpu():
     install()
+    worker_idle.install()
 
 
 class CpuLoRA:

@@ -101,8 +101,7 @@ def vllm_command(cfg: RLConfig, worker: int = 0, host: str | None = None, *, gpu
         *(["--api-key", inf.api_key] if inf.api_key else []),
         *inf.extra_args,
     ]
-    cores = worker_cores(cfg, worker) if gpus == 0 else None
-    return cmd if cores is None else pinned(cmd, cores)
+    return pinned(cmd, worker_cores(cfg, worker)) if gpus == 0 else cmd
 
 
 def lora_args(cfg: RLConfig, gpus: int, experts: bool) -> list[str]:

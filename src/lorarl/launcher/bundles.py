@@ -57,4 +57,13 @@ def ray_placement(cfg: RLConfig, bundles: list[Bundle], nodes: list[tuple[str, s
         slots.append(Slot(name, ",".join(ids), (), port, logs / f"{name}.log", host, what))
     orchestrator = Slot("orchestrator", LOCAL, (), "-", logs / "orchestrator.log", bundle="where rl runs")
     slots.insert(len(slots) - 1 if slots and slots[-1].name == "trainer" else len(slots), orchestrator)
-    return Placement(gpus=0, slots=tuple(slots), shared=(), external=(), idle=(), memory_fraction=0.0, ray=True)
+    return Placement(
+        gpus=0,
+        slots=tuple(slots),
+        shared=(),
+        external=(),
+        idle=(),
+        memory_fraction=0.0,
+        ray=True,
+        time_share=bool(cfg.inference.time_share),  # workers on nodes of their own overlap by default
+    )

@@ -59,6 +59,7 @@ class Placement:
     memory_fraction: float  # of each of its GPUs a vLLM server takes (--gpu-memory-utilization)
     pretended: bool = False  # gpus is a dry run's dry_run_devices, not this machine's
     ray: bool = False  # the slots are Ray bundles (cluster.backend = "ray"): Ray gives each its devices
+    time_share: bool = False  # vLLM and the trainer take turns on what they share (inference.time_share)
 
     def __getitem__(self, name: str) -> Slot:
         return next(s for s in self.slots if s.name == name)
@@ -86,7 +87,12 @@ class Placement:
             )
             return "\n".join(lines) + "\n"
         if not self.on_gpu:
-            lines.append("no GPU: every process on the CPU")
+            cores = (
+                "vLLM and the trainer take turns on every core (inference.time_share)"
+                if self.time_share
+                else "vLLM workers on cores of their own (inference.cpu_threads), the trainer on the rest"
+            )
+            lines.append(f"no GPU: every process on the CPU; {cores}")
             return "\n".join(lines) + "\n"
         where = (
             "as --dry-run-devices pretends" if self.pretended else "ids as rl sees them, after its CUDA_VISIBLE_DEVICES"
@@ -96,7 +102,7 @@ class Placement:
             lines.append(
                 f"shared by vLLM and the trainer: gpu {_ids(self.shared)} (inference.colocate_with_trainer); "
                 f"vLLM takes {self.memory_fraction:g} of its memory (inference.gpu_memory_utilization), "
-                "the trainer the rest"
+                "the trainer the rest" + ("; they take turns (inference.time_share)" if self.time_share else "")
             )
         if self.external:
             lines.append(f"vLLM servers at inference.urls: gpu {_ids(self.external)} (inference.gpu_ids)")
@@ -138,14 +144,19 @@ def place(cfg: RLConfig, gpus: int) -> Placement:
     slots.append(Slot("orchestrator", LOCAL, (), "-", logs / "orchestrator.log"))
     rendezvous = "free (torchrun)" if trainer.parallel.dp > 1 else "-"
     slots.append(Slot("trainer", LOCAL, trainer_gpus, rendezvous, logs / "trainer.log"))
+    shared = tuple(sorted(set(vllm) & set(trainer_gpus)))
+    # By default they take turns on the GPUs they share; on a CPU splitting its cores measured as fast
+    # or faster (docs/performance.md).
+    time_share = inf.time_share if inf.time_share is not None else bool(shared) and not inf.urls
     return Placement(
         gpus=gpus,
         slots=tuple(slots),
-        shared=tuple(sorted(set(vllm) & set(trainer_gpus))),
+        shared=shared,
         external=tuple(sorted(vllm)) if inf.urls else (),
         idle=tuple(g for g in range(gpus) if g not in {*vllm, *trainer_gpus}),
         memory_fraction=inf.memory_fraction,
         pretended=cfg.dry_run_devices is not None,
+        time_share=time_share,
     )
 
 

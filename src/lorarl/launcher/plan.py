@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from lorarl.config.models import RLConfig
+from lorarl.inference.cpu_cores import available_cores, trainer_threads
 from lorarl.inference.server import vllm_command, vllm_env, worker_urls
 from lorarl.launcher.memory_plan import serves_expert_lora
 from lorarl.launcher.placement import Placement, cuda_visible_devices, visible_gpus
@@ -51,14 +52,14 @@ def plan_run(cfg: RLConfig, run: RunFolder, placement: Placement) -> list[Proces
     `placement` gives it through CUDA_VISIBLE_DEVICES."""
     run.configs.mkdir(parents=True, exist_ok=True)
     cfg = cfg.model_copy(deep=True)  # resolved values go to the per-process configs, not the user's object
+    cfg.inference.time_share = placement.time_share
     if placement.on_gpu:
         # The GPUs as placed, so that `lorarl-inference @ configs/inference.json --worker i` picks the same.
         if not cfg.inference.urls:
             cfg.inference.gpu_ids = [g for s in placement.slots if s.name.startswith("inference-") for g in s.gpus]
         cfg.trainer.gpu_ids = list(placement["trainer"].gpus)
     elif not cfg.inference.urls and cfg.trainer.num_threads is None and not placement.ray:
-        free_cores = (os.cpu_count() or 1) - cfg.inference.num_workers * cfg.inference.tensor_parallel_size
-        cfg.trainer.num_threads = max(1, free_cores // cfg.trainer.parallel.dp)
+        cfg.trainer.num_threads = trainer_threads(cfg, len(available_cores()))
     hosts = placement.worker_hosts()
     # Workers that Ray placed are reached at their nodes' addresses: the orchestrator gets those URLs.
     placed = {"inference": cfg.inference.model_copy(update={"urls": worker_urls(cfg, hosts)})} if hosts else {}

@@ -3,7 +3,9 @@
 Rollouts are sampled in groups (`rollouts_per_example` episodes of one example). Each group is
 drawn for one trainer step N and launched as soon as the newest loaded policy v may be used for
 it, i.e. policy_lag(N, v) <= max_async_level: with 0 the orchestrator waits for the trainer
-before each batch; with more it samples ahead while the trainer trains, keeping vLLM busy.
+before each batch; with more it samples ahead while the trainer trains, keeping vLLM busy. Where
+vLLM and the trainer take turns on the same cores or GPU (inference.time_share) the bound is 0:
+sampling while the trainer steps would only slow both down.
 Each finished group gets its advantages (`GroupAdvantages`: the estimator, overlong shaping and
 masking) and goes to the batch assembler (`BatchAssembler`: by default the groups drawn for N; with
 `max_off_policy_steps` the first to finish, dropping those grown too old). The step filter
@@ -146,6 +148,8 @@ class Orchestrator:
         batches, samples, checkpoints and metrics rows are the variant's; None: the run's own. The
         caller owns `pool` and closes it."""
         self.cfg, self.ocfg, self.pool = cfg, cfg.orchestrator, pool
+        # How many versions sampling may run ahead of the trainer: none while they take turns.
+        self.sample_ahead = 0 if cfg.inference.time_share else self.ocfg.max_async_level
         self.run_folder = (run_folder or RunFolder(cfg.run_dir)).create()
         variant = self.run_folder.variant
         self.metrics = MetricsLogger(self.run_folder.metrics, "orchestrator", cfg.monitor, cfg.run_name, variant)
@@ -225,7 +229,7 @@ class Orchestrator:
         self.start_due_eval()
 
     def launch_due_groups(self) -> None:
-        """Launch every group whose step may use the newest policy (its lag within max_async_level)."""
+        """Launch every group whose step may use the newest policy (its lag within the bound)."""
         while (step := self.live_groups // self.groups_per_step + 1) <= self.cfg.max_steps and self.may_sample(step):
             self.launch(*self.draw(self.sampler, step), step)
             self.live_groups += 1
@@ -245,7 +249,7 @@ class Orchestrator:
     def may_sample(self, step: int) -> bool:
         """Whether the newest loaded policy is recent enough for a group of `step`."""
         version = self.watcher.version
-        return version is not None and policy_lag(step, version) <= self.ocfg.max_async_level
+        return version is not None and policy_lag(step, version) <= self.sample_ahead
 
     async def play_group(self, env: Environment, example: Example, n: int, version: int) -> Group:
         """Played with `version`, which the caller holds (`watcher.acquire`) until this ends."""

@@ -5,7 +5,7 @@ import sys
 import pytest
 
 from lorarl.config.models import RLConfig
-from lorarl.inference.cpu_cores import omp_threads_bind, worker_cores
+from lorarl.inference.cpu_cores import omp_threads_bind, trainer_threads, worker_cores
 from lorarl.launcher.plan import worker_command
 
 
@@ -20,7 +20,7 @@ def test_workers_take_the_first_cores_and_leave_the_last_to_the_trainer() -> Non
     assert worker_cores(c, 1, cores) == [[3, 4, 5]]
     tp = cfg(num_workers=1, cpu_threads=2, tensor_parallel_size=2)
     assert worker_cores(tp, 0, cores) == [[0, 1], [2, 3]]
-    assert omp_threads_bind(worker_cores(tp, 0, cores) or []) == "0,1|2,3"
+    assert omp_threads_bind(worker_cores(tp, 0, cores)) == "0,1|2,3"
 
 
 def test_workers_that_need_every_core_spread_over_all_and_a_restart_gets_the_same_ones() -> None:
@@ -31,15 +31,25 @@ def test_workers_that_need_every_core_spread_over_all_and_a_restart_gets_the_sam
     assert worker_cores(cfg(), 0, [5]) == [[5]]  # one core: nothing to split
 
 
-def test_no_pinning_with_cpu_threads_none() -> None:
-    c = cfg(cpu_threads=None)
-    assert worker_cores(c, 0, [0, 1]) is None
-    assert worker_command(c)[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+def test_taking_turns_gives_the_workers_every_core_and_the_trainer_too() -> None:
+    cores = list(range(8))
+    one, two = cfg(time_share=True), cfg(time_share=True, num_workers=2)
+    assert worker_cores(one, 0, cores) == [cores] and trainer_threads(one, 8) == 8
+    assert [worker_cores(two, w, cores) for w in (0, 1)] == [[[0, 1, 2, 3]], [[4, 5, 6, 7]]]
+    assert trainer_threads(two, 8) == 8
+    dp = RLConfig.model_validate(
+        {"model": {"name": "m"}, "inference": {"time_share": True}, "trainer": {"parallel": {"dp": 2}}}
+    )
+    assert trainer_threads(dp, 8) == 4  # each rank its share
+    # Split: the workers' cores are the trainer's no more.
+    assert trainer_threads(cfg(time_share=False), 8) == 7
+    assert trainer_threads(cfg(time_share=False, cpu_threads=3, num_workers=2), 8) == 2
+    assert trainer_threads(cfg(time_share=False), 1) == 1  # at least one
 
 
 def test_the_cpu_command_is_pinned_and_on_gpus_it_is_not() -> None:
     cmd = worker_command(cfg())
-    assert cmd[1:5] == ["-m", "lorarl.inference.cpu_cores", omp_threads_bind(worker_cores(cfg(), 0) or []), "--"]
+    assert cmd[1:5] == ["-m", "lorarl.inference.cpu_cores", omp_threads_bind(worker_cores(cfg(), 0)), "--"]
     assert cmd[5:8] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
     gpus = RLConfig.model_validate({"model": {"name": "m"}, "dry_run": True, "dry_run_devices": 2})
     assert worker_command(gpus)[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]

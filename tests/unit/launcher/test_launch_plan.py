@@ -75,7 +75,8 @@ def test_plan_writes_per_process_configs_and_commands(tmp_path: Path) -> None:
     specs = plan_run(c, run, place(c, 0))
     assert [s.name for s in specs] == ["inference-0", "orchestrator", "trainer"]
     assert (run.configs / "commands.txt").read_text().count("\n# ") == 2
-    assert "no GPU: every process on the CPU" in (run.configs / "placement.txt").read_text()
+    placement = (run.configs / "placement.txt").read_text()
+    assert "no GPU: every process on the CPU; vLLM workers on cores of their own" in placement
     assert all("CUDA_VISIBLE_DEVICES" not in s.env for s in specs)
     # Each process's config reproduces the resolved values it reads.
     from lorarl.config.loader import load_config
@@ -83,8 +84,28 @@ def test_plan_writes_per_process_configs_and_commands(tmp_path: Path) -> None:
     trainer = load_config(RLConfig, ["@", str(run.configs / "trainer.json")])
     assert trainer.lora.rank == 12 and trainer.trainer.optim == c.trainer.optim
     # rl starts CPU vLLM workers here: the trainer leaves their cores to them.
-    assert trainer.trainer.num_threads == max(1, (os.cpu_count() or 1) - 1)
-    assert c.trainer.num_threads is None  # the user's config object is not modified
+    cores = sorted(os.sched_getaffinity(0))
+    assert trainer.trainer.num_threads == max(1, len(cores) - 1)
+    inference = load_config(RLConfig, ["@", str(run.configs / "inference.json")])
+    assert inference.inference.time_share is False
+    assert c.trainer.num_threads is None and c.inference.time_share is None  # the user's object is not modified
+    # Taking turns: the worker and the trainer each get every core.
+    turns = cfg(tmp_path, inference={"time_share": True})
+    specs = plan_run(turns, run, place(turns, 0))
+    assert specs[0].cmd[3] == ",".join(map(str, cores))  # the worker's cores (VLLM_CPU_OMP_THREADS_BIND)
+    trainer = load_config(RLConfig, ["@", str(run.configs / "trainer.json")])
+    assert trainer.trainer.num_threads == len(cores)
+    assert "vLLM and the trainer take turns on every core" in (run.configs / "placement.txt").read_text()
+
+
+def test_taking_turns_by_default_where_the_trainer_shares_gpus(tmp_path: Path) -> None:
+    assert not place(cfg(tmp_path), 0).time_share  # CPU: split measured as fast or faster
+    assert not place(cfg(tmp_path), 2).time_share  # GPUs of their own
+    colocated = cfg(tmp_path, inference={"colocate_with_trainer": True}, dry_run=True, dry_run_devices=1)
+    assert place(colocated, 1).time_share
+    assert "they take turns (inference.time_share)" in place(colocated, 1).table()
+    assert not place(cfg(tmp_path, inference={"colocate_with_trainer": True, "time_share": False}), 1).time_share
+    assert place(cfg(tmp_path, inference={"urls": ["http://h:1"], "time_share": True}), 0).time_share  # asked for
 
 
 def test_given_urls_mean_no_inference_process(tmp_path: Path) -> None:
