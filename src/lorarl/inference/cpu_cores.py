@@ -7,12 +7,12 @@ the worker's replies while it generates, on whatever core the kernel gives it. O
 lands on the trainer's core and halves its forward/backward. So `rl` gives out the cores explicitly,
 in one of two ways (inference.time_share):
 
-* taking turns (the default where `rl` starts the workers): the workers share every core out among
-  themselves and the trainer uses every core too; they never compute at once, as the orchestrator
-  samples only while the trainer waits for a batch.
-* split: worker i gets `inference.cpu_threads` × tensor_parallel_size cores of its own, the first
-  ones, in order of workers; the trainer the cores that are left, with `trainer.num_threads` threads
-  (by default all cores less the workers'); the two run at once.
+* split (the default): worker i gets `inference.cpu_threads` × tensor_parallel_size cores of its
+  own, the first ones, in order of workers; the trainer the cores that are left, with
+  `trainer.num_threads` threads (by default all cores less the workers'); the two run at once.
+* taking turns (inference.time_share = true): the workers share every core out among themselves
+  and the trainer uses every core too; they never compute at once, as the orchestrator samples
+  only while the trainer waits for a batch.
 
 Either way a worker's whole process tree (API server, engine, workers) is confined to its cores
 (`python -m lorarl.inference.cpu_cores 0|1 -- vllm ...` sets the affinity and execs vLLM), and its
