@@ -799,6 +799,13 @@ class SharedConfig(Section):
     0 to 2**32 - 1."""
     monitor: MonitorConfig = MonitorConfig()
     """Where metrics go: metrics.jsonl, the console, Weights & Biases."""
+    keep_freed_memory: bool = True
+    """On a CPU, the trainer and the vLLM workers `rl` starts keep the memory each step frees (glibc's
+    malloc neither unmaps nor trims it) for the next step to reuse: no page faults after the first step,
+    which a virtual machine pays dearly for (2x on the throughput benchmark's `rl` step), and a resident
+    size at the step's peak plus the heap's fragments, above the memory plan's figures. False: blocks of
+    128 KiB or more go back to the system when freed, for a resident size that follows the live tensors.
+    GLIBC_TUNABLES with glibc.malloc settings in the environment win. Unused on a GPU (docs/performance.md)."""
     overwrite: bool = Field(False, exclude=True)
     """Start over in a run folder that holds a previous run, deleting what lorarl wrote there
     (never other files); without it (or `--resume`) such a folder is refused."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 
 from lorarl.config.models import VLLM_LORA_RANKS, RLConfig
+from lorarl.host_memory import malloc_tunables
 from lorarl.inference.cpu_cores import pinned, worker_cores
 
 # vLLM worker extensions, imported by the worker processes only (they import vLLM): full fine-tuning's,
@@ -116,11 +117,13 @@ def lora_args(cfg: RLConfig, gpus: int, experts: bool) -> list[str]:
 
 def vllm_env(cfg: RLConfig, gpus: str | None = None) -> dict[str, str]:
     """The environment of one worker: `gpus` is its CUDA_VISIBLE_DEVICES (launcher/placement.py),
-    None on a machine without GPUs. Full fine-tuning reloads weights through /collective_rpc and
-    /reset_prefix_cache, endpoints that vLLM serves in its dev mode only."""
+    None on a machine without GPUs (then its KV cache and malloc's policy, host_memory.py). Full
+    fine-tuning reloads weights through /collective_rpc and /reset_prefix_cache, endpoints that vLLM
+    serves in its dev mode only."""
     env = {"VLLM_SERVER_DEV_MODE": "1"} if cfg.model.full_finetune else {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
     if gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpus
     else:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.inference.kv_cache_gib)
+        env |= malloc_tunables(cfg.keep_freed_memory)  # vLLM starts its engine's processes: they inherit it
     return env

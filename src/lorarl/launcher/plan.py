@@ -18,7 +18,8 @@ from lorarl.run_folder import RunFolder
 from lorarl.written import record_written
 
 Role = Literal["inference", "orchestrator", "trainer"]
-_SHARED = {"max_steps", "seq_len", "output_dir", "run_name", "seed", "monitor", "resume", "variants"}
+_SHARED = {"max_steps", "seq_len", "output_dir", "run_name", "seed", "monitor", "resume", "variants",
+           "keep_freed_memory"}  # fmt: skip
 # The sections each process reads; `lorarl-trainer @ configs/trainer.json` reproduces that process alone.
 _SECTIONS = {
     "trainer": {"model", "trainer"} | _SHARED,

@@ -32,12 +32,12 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from lorarl.config.models import MonitorConfig, RLConfig, SFTConfig, TrainerConfig
+from lorarl.host_memory import set_host_malloc
 from lorarl.monitor.metrics import MetricsLogger
 from lorarl.run_folder import RunFolder
 from lorarl.trainer.batching import MicroBatch, TrainSample
 from lorarl.trainer.checkpoint import discard_after, find_checkpoint, load_training_state, load_weights
 from lorarl.trainer.distributed import DataParallel, init_data_parallel
-from lorarl.trainer.host_memory import return_freed_tensors_to_system
 from lorarl.trainer.model import TrainedModel, parameter_summary, trainable_parameters
 from lorarl.trainer.optim import build_optimizer, build_scheduler
 from lorarl.trainer.packing import ForwardPasses, PackedBatch, sees_shared_prompts
@@ -97,7 +97,7 @@ class Trainer(Generic[Model]):
         token; None: the model config's (the RL trainer loads no tokenizer)."""
         training = training_section(cfg)
         dp = init_data_parallel(training.parallel)
-        return_freed_tensors_to_system(dp.device())
+        set_host_malloc(dp.device().type == "cpu", cfg.keep_freed_memory)
         run = RunFolder(cfg.run_dir).create()
         torch.manual_seed(cfg.seed)
         model = build_model()

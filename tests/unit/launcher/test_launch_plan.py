@@ -18,6 +18,16 @@ def test_lora_rank_rounds_up_to_a_rank_vllm_accepts(rank: int, expected: int) ->
     assert vllm_max_lora_rank(rank) == expected
 
 
+# malloc's policy for CPU workers (host_memory.py): keep what a step frees, or return it.
+KEEP = {"GLIBC_TUNABLES": "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=2147483647"}
+RETURN = "glibc.malloc.mmap_threshold=131072"
+
+
+@pytest.fixture(autouse=True)
+def _no_malloc_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+
+
 def cfg(tmp_path: Path, **kw) -> RLConfig:
     return RLConfig.model_validate({"model": {"name": "m", "lora": {"rank": 12}}, "output_dir": str(tmp_path), **kw})
 
@@ -30,7 +40,8 @@ def test_vllm_command_derives_lora_flags_from_the_config(tmp_path: Path) -> None
     assert "--port 9001" in cmd
     assert "--logprobs-mode processed_logprobs" in cmd
     assert "--tensor-parallel-size 1 --gpu-memory-utilization 0.9" in cmd
-    assert vllm_env(c) == {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    assert vllm_env(c) == {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "VLLM_CPU_KVCACHE_SPACE": "1", **KEEP}
+    assert vllm_env(c.model_copy(update={"keep_freed_memory": False}))["GLIBC_TUNABLES"] == RETURN
     assert vllm_env(c, "2,3") == {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "CUDA_VISIBLE_DEVICES": "2,3"}
     assert worker_urls(c) == ["http://127.0.0.1:9000", "http://127.0.0.1:9001"]
 
@@ -52,7 +63,7 @@ def test_full_finetune_starts_workers_that_reload_weights_and_serve_no_adapter(t
     on_cpu = worker_command(c.model_copy(update={"dry_run": True, "dry_run_devices": 0}))
     assert on_cpu.count("--worker-extension-cls") == 1 and extension in on_cpu
     # The endpoints the orchestrator reloads weights through (/collective_rpc, /reset_prefix_cache).
-    assert vllm_env(c) == {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    assert vllm_env(c) == {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", **KEEP}
     assert c.model.lora is None
 
 
