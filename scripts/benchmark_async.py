@@ -24,10 +24,11 @@ from lorarl.config.models import RLConfig
 from lorarl.inference.health import wait_until_healthy
 
 
-def summarize(run_dir: Path) -> dict[str, float]:
+def summarize(run_dir: Path, warmup: int = 1) -> dict[str, float]:
+    """A run's steady state: its steps after the first `warmup`."""
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    trainer = sorted((r for r in rows if r["component"] == "trainer"), key=lambda r: r["step"])[1:]
-    orch = sorted((r for r in rows if r["component"] == "orchestrator"), key=lambda r: r["step"])[1:]
+    trainer = sorted((r for r in rows if r["component"] == "trainer"), key=lambda r: r["step"])[warmup:]
+    orch = sorted((r for r in rows if r["component"] == "orchestrator"), key=lambda r: r["step"])[warmup:]
     wall = trainer[-1]["time"] - trainer[0]["time"] + trainer[0]["time/step"]
     return {
         "steps_per_min": 60 * len(trainer) / wall,
