@@ -2,12 +2,13 @@
 
 Each step allocates and frees the same activations again. Two policies (`keep_freed_memory`):
 
-* keep (the default): malloc never maps a block of its own nor trims its heap, so what one step frees
-  the next one reuses, and after the first step nothing is faulted in again. A page fault is dear in a
-  virtual machine: this 2-core one hands freed pages back to its host (the balloon's free page
-  reporting), and the 24M-parameter benchmark's trainer step inside `rl` took 14.3 s on one core with
-  every freed tensor unmapped against 7.2 s kept; `rl`'s step 14.8 -> 7.5 s (docs/benchmarks.md).
-  The resident size then stays at the step's peak plus the heap's fragments.
+* keep (the default): blocks below 32 MiB (glibc's largest mmap threshold) come from the heap, which
+  is not trimmed, so what one step frees the next one reuses instead of faulting it in again. A page
+  fault is dear in a virtual machine: this 2-core one hands freed pages back to its host (the
+  balloon's free page reporting), and the 24M-parameter benchmark's `rl` step took 16.0 s with every
+  freed tensor unmapped (docs/benchmarks.md has it kept). The resident size stays at the step's peak
+  of small blocks plus the heap's fragments: `sft` at vocabulary 151,936 and seq_len 8192 peaked at
+  1.64 GiB against 1.23 returned (docs/real_shapes.md).
 * return: allocations of 128 KiB or more are mmapped, so freeing one unmaps it and the resident peak
   follows the live tensors, as the memory plan counts them. Measured on the Qwen3-0.6B shape (float32,
   LoRA rank 8, four 640-token rows): 4.96 GiB resident against 8.1 GiB with glibc's own dynamic
@@ -27,13 +28,15 @@ import os
 log = logging.getLogger("lorarl")
 
 # glibc's <malloc.h>
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -3, -4
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 MMAP_THRESHOLD_BYTES = 128 * 1024
-# mallopt's largest value: the heap is trimmed only when 2 GiB at its top are free.
-KEEP_TRIM_THRESHOLD_BYTES = 2**31 - 1
-KEEP = {M_MMAP_MAX: 0, M_TRIM_THRESHOLD: KEEP_TRIM_THRESHOLD_BYTES}
+# Kept: blocks below glibc's largest mmap threshold come from the heap, which is trimmed only when 2 GiB
+# (mallopt's largest value) at its top are free. Larger blocks are still mapped: served from the heap
+# too (M_MMAP_MAX 0), a row's [chunk, vocab] logits at vocabulary 151,936 (78 MiB, 64-byte aligned)
+# never fit the hole the last one left, and `sft` at seq_len 8192 peaked at 10.2 GiB against 1.6.
+KEEP = {M_MMAP_THRESHOLD: 32 * 2**20, M_TRIM_THRESHOLD: 2**31 - 1}
 RETURN = {M_MMAP_THRESHOLD: MMAP_THRESHOLD_BYTES}
-_TUNABLE_NAMES = {M_MMAP_MAX: "mmap_max", M_TRIM_THRESHOLD: "trim_threshold", M_MMAP_THRESHOLD: "mmap_threshold"}
+_TUNABLE_NAMES = {M_TRIM_THRESHOLD: "trim_threshold", M_MMAP_THRESHOLD: "mmap_threshold"}
 
 
 def _user_set_malloc() -> bool:

@@ -800,12 +800,12 @@ class SharedConfig(Section):
     monitor: MonitorConfig = MonitorConfig()
     """Where metrics go: metrics.jsonl, the console, Weights & Biases."""
     keep_freed_memory: bool = True
-    """On a CPU, the trainer and the vLLM workers `rl` starts keep the memory each step frees (glibc's
-    malloc neither unmaps nor trims it) for the next step to reuse: no page faults after the first step,
-    which a virtual machine pays dearly for (2x on the throughput benchmark's `rl` step), and a resident
-    size at the step's peak plus the heap's fragments, above the memory plan's figures. False: blocks of
-    128 KiB or more go back to the system when freed, for a resident size that follows the live tensors.
-    GLIBC_TUNABLES with glibc.malloc settings in the environment win. Unused on a GPU (docs/performance.md)."""
+    """On a CPU, the trainer and the vLLM workers `rl` starts keep the blocks under 32 MiB that a step
+    frees (glibc's malloc neither unmaps nor trims them) for the next step to reuse, instead of faulting
+    them in again, which a virtual machine pays dearly for (docs/performance.md); the resident size
+    stays at the step's peak plus the heap's fragments, somewhat above the memory plan's figures. False:
+    blocks of 128 KiB or more go back to the system when freed, for a resident size that follows the
+    live tensors. GLIBC_TUNABLES with glibc.malloc settings in the environment win. Unused on a GPU (docs/performance.md)."""
     overwrite: bool = Field(False, exclude=True)
     """Start over in a run folder that holds a previous run, deleting what lorarl wrote there
     (never other files); without it (or `--resume`) such a folder is refused."""

@@ -19,7 +19,7 @@ def test_lora_rank_rounds_up_to_a_rank_vllm_accepts(rank: int, expected: int) ->
 
 
 # malloc's policy for CPU workers (host_memory.py): keep what a step frees, or return it.
-KEEP = {"GLIBC_TUNABLES": "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=2147483647"}
+KEEP = {"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=2147483647"}
 RETURN = "glibc.malloc.mmap_threshold=131072"
 
 
