@@ -5,8 +5,8 @@ Each step allocates and frees the same activations again. Two policies (`keep_fr
 * keep (the default): blocks below 32 MiB (glibc's largest mmap threshold) come from the heap, which
   is not trimmed, so what one step frees the next one reuses instead of faulting it in again. A page
   fault is dear in a virtual machine: this 2-core one hands freed pages back to its host (the
-  balloon's free page reporting), and the 24M-parameter benchmark's `rl` step took 16.0 s with every
-  freed tensor unmapped (docs/benchmarks.md has it kept). The resident size stays at the step's peak
+  balloon's free page reporting), and the 24M-parameter benchmark's `rl` step took 15.9 s with every
+  freed tensor unmapped against 8.4 s kept (docs/benchmarks.md). The resident size stays at the step's peak
   of small blocks plus the heap's fragments: `sft` at vocabulary 151,936 and seq_len 8192 peaked at
   1.64 GiB against 1.23 returned (docs/real_shapes.md).
 * return: allocations of 128 KiB or more are mmapped, so freeing one unmaps it and the resident peak

@@ -805,7 +805,7 @@ class SharedConfig(Section):
     them in again, which a virtual machine pays dearly for (docs/performance.md); the resident size
     stays at the step's peak plus the heap's fragments, somewhat above the memory plan's figures. False:
     blocks of 128 KiB or more go back to the system when freed, for a resident size that follows the
-    live tensors. GLIBC_TUNABLES with glibc.malloc settings in the environment win. Unused on a GPU (docs/performance.md)."""
+    live tensors. GLIBC_TUNABLES with glibc.malloc settings in the environment win. Unused on a GPU."""
     overwrite: bool = Field(False, exclude=True)
     """Start over in a run folder that holds a previous run, deleting what lorarl wrote there
     (never other files); without it (or `--resume`) such a folder is refused."""

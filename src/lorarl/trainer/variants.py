@@ -23,6 +23,7 @@ import peft
 import torch
 
 from lorarl.config.models import RLConfig
+from lorarl.host_memory import set_host_malloc
 from lorarl.run_folder import RunFolder
 from lorarl.trainer.checkpoint import find_checkpoint, load_weights
 from lorarl.trainer.distributed import init_data_parallel
@@ -79,6 +80,7 @@ def set_up_variants(cfg: RLConfig) -> list[VariantTrainer]:
     """Trainer.set_up for a sweep: the base model once, an adapter per variant, each variant's
     checkpoint (when resuming) into its adapter, then an optimizer and a schedule per variant."""
     dp = init_data_parallel(cfg.trainer.parallel)  # dp = 1: the config refuses more with variants
+    set_host_malloc(dp.device().type == "cpu", cfg.keep_freed_memory)
     RunFolder(cfg.run_dir).create()
     variants = variants_of(cfg)
     torch.manual_seed(cfg.seed)
