@@ -46,6 +46,12 @@ def probe(*args: str, env: dict[str, str] | None = None) -> dict:
     return json.loads(result.stdout)
 
 
+def same_policy(one: dict, other: dict) -> bool:
+    """The same blocks mapped, and heaps within 1 MiB: the probe's own small objects (a few KiB) vary
+    from run to run, while a kept 24 MiB block would move the heap by 24 MiB."""
+    return one["mapped"] == other["mapped"] and abs(one["heap_mib"] - other["heap_mib"]) < 1
+
+
 def test_kept_freed_memory_under_32_mib_stays_in_the_heap() -> None:
     kept = probe("cpu", "keep")
     assert kept["mapped"]["1"] == 0.0 and kept["mapped"]["24"] == 0.0
@@ -62,7 +68,7 @@ def test_returned_freed_memory_leaves_the_process() -> None:
 
 
 def test_tensors_not_on_the_cpu_leave_malloc_as_it_is() -> None:
-    assert probe("gpu", "return") == probe("none")
+    assert same_policy(probe("gpu", "return"), probe("none"))
 
 
 @pytest.mark.parametrize("keep", [True, False])
@@ -77,7 +83,7 @@ def test_malloc_settings_in_the_environment_win(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("GLIBC_TUNABLES", mine)
     assert malloc_tunables(True) == {}
     # set_host_malloc leaves them too: the probe behaves as glibc with the user's setting alone.
-    assert probe("cpu", "keep", env={"GLIBC_TUNABLES": mine}) == probe("none", env={"GLIBC_TUNABLES": mine})
+    assert same_policy(probe("cpu", "keep", env={"GLIBC_TUNABLES": mine}), probe("none", env={"GLIBC_TUNABLES": mine}))
     # Other tunables are kept beside lorarl's.
     monkeypatch.setenv("GLIBC_TUNABLES", "glibc.cpu.x86_shstk=off")
     assert malloc_tunables(True)["GLIBC_TUNABLES"].startswith("glibc.cpu.x86_shstk=off:glibc.malloc.mmap_threshold=")
