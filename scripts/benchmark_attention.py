@@ -73,7 +73,7 @@ def attention_layer(args: argparse.Namespace, path: str) -> Qwen3Attention:
         num_attention_heads=args.heads,
         num_key_value_heads=args.kv_heads,
         head_dim=args.head_dim,
-        attn_implementation=path,
+        attn_implementation=path,  # type: ignore[call-arg]  # PretrainedConfig takes it through **kwargs
     )
     return Qwen3Attention(config, layer_idx=0)
 

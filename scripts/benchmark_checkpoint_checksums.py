@@ -16,6 +16,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -58,11 +59,9 @@ def main() -> None:
         folder = Path(tmp) / "trainer"
         folder.mkdir()
         written = alternating_medians(
-            args.repeats, {c: lambda c=c: write_folder_atomically(folder, write, checksums=c) for c in (False, True)}
+            args.repeats, {c: partial(write_folder_atomically, folder, write, checksums=c) for c in (False, True)}
         )
-        verified = alternating_medians(
-            args.repeats, {c: lambda c=c: manifest_problem(folder, c) for c in (False, True)}
-        )
+        verified = alternating_medians(args.repeats, {c: partial(manifest_problem, folder, c) for c in (False, True)})
         total_mb = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 2**20
     print(f"checkpoint of {total_mb:.0f} MiB (adapter {args.adapter_mb} MiB + optimizer), median of {args.repeats}")
     print("| manifest | write (s) | verify (s) |")

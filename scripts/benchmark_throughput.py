@@ -109,7 +109,7 @@ def generation_alone(url: str, model: Path, steps: int) -> dict[str, float]:
 
     adapter = model.parent / "bench-adapter"
     base = AutoModelForCausalLM.from_pretrained(model)
-    peft.get_peft_model(base, peft.LoraConfig(r=8, lora_alpha=32, target_modules=TARGETS)).save_pretrained(adapter)
+    peft.get_peft_model(base, peft.LoraConfig(r=8, lora_alpha=32, target_modules=TARGETS)).save_pretrained(str(adapter))
     texts = prompts(AutoTokenizer.from_pretrained(model), random.Random(0))
 
     async def run() -> list[float]:
@@ -222,7 +222,7 @@ def trl_grpo(model: Path, steps: int, out: Path) -> dict[str, float]:
          for w in words]
     )  # fmt: skip
 
-    def reward(completions: list, word: list[str], **_: object) -> list[float]:
+    def reward(completions: list, word: list[str], **_: object) -> list[float | None]:
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
         return [difflib.SequenceMatcher(None, t.strip(), w[::-1]).ratio() for t, w in zip(texts, word, strict=True)]
 
@@ -256,7 +256,6 @@ def in_subprocess(part: str, args: argparse.Namespace, threads: int) -> dict[str
     cmd = [sys.executable, __file__, "--part", part, "--steps", str(args.steps), "--model", str(args.model),
            "--out", str(args.out), "--trainer-threads", str(threads)]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env={**os.environ, **FASTEST_MALLOC})
-    result: dict[str, float] = {}
     peak = 0.0
     while proc.poll() is None:
         peak = max(peak, peak_rss_gib(proc.pid))

@@ -11,7 +11,7 @@ if [[ $# -gt 0 ]]; then
 fi
 .venv/bin/ruff check src tests scripts
 .venv/bin/ruff format --check src tests scripts
-.venv/bin/mypy src
+.venv/bin/mypy src scripts
 # The docs site (mkdocs.yml): --strict fails on a broken link, a missing page or an API docstring
 # mkdocstrings cannot render. Built outside the repository and removed.
 site=$(mktemp -d)
