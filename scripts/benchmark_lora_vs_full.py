@@ -25,7 +25,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from lorarl.config.models import LoraConfig, LossConfig, ModelConfig, OptimConfig
 from lorarl.trainer.batching import TrainSample, micro_batches
 from lorarl.trainer.loss import LossNorm, micro_batch_loss
-from lorarl.trainer.model import apply_lora, load_model, parameter_summary, peak_memory_gib
+from lorarl.trainer.model import TrainedModel, apply_lora, load_model, parameter_summary, peak_memory_gib
 from lorarl.trainer.optim import build_optimizer
 
 
@@ -41,10 +41,10 @@ def build(folder: Path, layers: int, hidden: int, vocab: int) -> None:
 def one_mode(folder: Path, mode: str, batch: int, seq: int, micro: int, steps: int, vocab: int) -> dict[str, float]:
     torch.manual_seed(0)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = load_model(ModelConfig(name=str(folder)))
+    model: TrainedModel = load_model(ModelConfig(name=str(folder)))
     if mode == "lora":
         model = apply_lora(model, LoraConfig(rank=8, alpha=16))
-    model.to(device)
+    model.to(device)  # type: ignore[arg-type]  # transformers 5 types PreTrainedModel.to as unbound
     optimizer = build_optimizer(model, OptimConfig(lr=1e-5))
     rng = random.Random(0)
     samples = [

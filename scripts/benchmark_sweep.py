@@ -35,10 +35,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lorarl.cli import rl
+import lorarl.cli.rl as rl
+import lorarl.inference.server as server
 from lorarl.config.loader import load_config
 from lorarl.config.models import RLConfig
-from lorarl.inference import server
 from lorarl.inference.client import InferenceClient
 from lorarl.inference.health import wait_until_healthy
 from lorarl.trainer.model import apply_lora, load_model
@@ -56,7 +56,11 @@ def without_cpu_lora(cmd: list[str]) -> list[str]:
 def rl_with_stock_ops(argv: list[str]) -> None:
     """`rl` whose vLLM servers run vLLM's own CPU LoRA ops (this script's --rl-with-stock-ops)."""
     lora_args = server.lora_args
-    server.lora_args = lambda cfg: without_cpu_lora(lora_args(cfg))  # what vllm_command calls
+
+    def stock_lora_args(cfg: RLConfig, gpus: int, experts: bool) -> list[str]:
+        return without_cpu_lora(lora_args(cfg, gpus, experts))
+
+    server.lora_args = stock_lora_args  # what vllm_command calls
     rl.main(argv)
 
 
@@ -142,8 +146,8 @@ def benchmark_vllm(cfg: RLConfig, folder: Path) -> None:
     adapters = {}
     for name, variant in cfg.variant_configs():
         adapters[name] = folder / name
-        apply_lora(load_model(variant.model), variant.lora).save_pretrained(adapters[name])
-    ours = server.vllm_command(cfg)
+        apply_lora(load_model(variant.model), variant.lora).save_pretrained(str(adapters[name]))
+    ours = server.vllm_command(cfg, gpus=0, experts=False)  # a CPU benchmark of dense LoRA
     print(f"--max-lora-rank {ours[ours.index('--max-lora-rank') + 1]}", flush=True)
     print("| LoRA ops | batch | s (median of 3) |\n|---|---|---|", flush=True)
     for ops, stock in OPS.items():
