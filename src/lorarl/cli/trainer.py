@@ -10,6 +10,7 @@ import sys
 
 from lorarl.cli.common import load_or_exit, setup_logging
 from lorarl.config.models import RLConfig
+from lorarl.launcher.supervisor import TRAINING_STOPPED
 from lorarl.run_folder import RunFolder, RunFolderError
 
 
@@ -24,7 +25,7 @@ def main(argv: list[str] | None = None) -> None:
         train(cfg)
     except TrainingStopped as e:  # one line, the last of the trainer's log that `rl` shows
         print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(1) from None
+        raise SystemExit(TRAINING_STOPPED) from None
 
 
 def prepared_or_exit(cfg: RLConfig, command: str) -> None:

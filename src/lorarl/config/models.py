@@ -961,7 +961,10 @@ class RLConfig(SharedConfig):
     batches and adapters regenerated. Absent: a new run."""
     auto_resume: int = Field(0, ge=0, exclude=True)
     """When the trainer or the orchestrator dies, restart both from the latest complete checkpoint
-    (`trainer.ckpt.interval` must be set) up to this many times, keeping the vLLM workers."""
+    (`trainer.ckpt.interval` must be set) up to this many times, keeping the vLLM workers. Not when a
+    restart would end the same way: the trainer stopped training gone wrong (NaN weights, a gradient
+    stuck at 0), or either refused what it found; but torchrun (parallel.dp > 1 on one machine) reports
+    a stopped trainer as any failure."""
 
     @model_validator(mode="after")
     def _rl_trains_lora(self) -> RLConfig:

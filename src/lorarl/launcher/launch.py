@@ -4,7 +4,8 @@ signal arrives.
 Inference workers start first; the orchestrator and trainer start once every worker is healthy.
 A worker that dies is restarted (`inference.max_restarts`); the orchestrator routes around it
 meanwhile. A trainer or orchestrator that dies restarts both from the latest complete checkpoint
-(`auto_resume`), keeping the workers. Any other failure stops every process, and the run ends
+(`auto_resume`), keeping the workers, unless its exit code says a restart would end the same way
+(supervisor.ENDS_THAT_REPEAT). Any other failure stops every process, and the run ends
 non-zero with the tail of the failing log. Ctrl-C or SIGTERM stops everything and leaves no
 process behind; `rl` then exits with 128 + the signal's number (130, 143), as a shell reports a
 process killed by it. On a Ray cluster (cluster.backend = "ray") the same loop drives `RayCluster`,
@@ -26,7 +27,7 @@ from lorarl.inference.server import worker_urls
 from lorarl.launcher.placement import Placement
 from lorarl.launcher.plan import ProcessSpec, plan_run
 from lorarl.launcher.ray_cluster import ClusterError, RayCluster  # imports Ray only once a run uses it
-from lorarl.launcher.supervisor import Supervisor
+from lorarl.launcher.supervisor import ENDS_THAT_REPEAT, REFUSED, Supervisor
 from lorarl.monitor.console import StepPrinter
 from lorarl.run_folder import RunFolder, RunFolderError
 
@@ -95,7 +96,6 @@ def supervise(
 
     printer = StepPrinter(run.metrics, cfg.max_steps)
     restarts: Counter[str] = Counter()
-    variants = [v.name for v in cfg.variants]  # a sweep resumes from a checkpoint complete for all of them
     while True:
         if cfg.monitor.console:
             for line in printer.poll():
@@ -117,8 +117,7 @@ def supervise(
                 start(supervisor, next(s for s in workers if s.name == name))
             elif (
                 name in {s.name for s in roles}
-                and restarts["roles"] < cfg.auto_resume
-                and (step := resumable_step(run, variants)) is not None
+                and (step := auto_resume_step(cfg, run, code, restarts["roles"])) is not None
             ):
                 restarts["roles"] += 1
                 log.warning(
@@ -135,11 +134,15 @@ def supervise(
         time.sleep(0.5)
 
 
-def resumable_step(run: RunFolder, variants: list[str]) -> int | None:
-    """The checkpoint the restarted roles will resume from (the newest whole one, checksums verified,
-    as they pick it), or None when there is none."""
+def auto_resume_step(cfg: RLConfig, run: RunFolder, code: int, restarts: int) -> int | None:
+    """The checkpoint that a trainer or orchestrator which exited with `code` is restarted from
+    (auto_resume; the newest whole one, checksums verified, as they pick it; for a sweep, whole for
+    every variant), or None: `restarts` used up, no such checkpoint, or an exit code that says a
+    restart would end the same way."""
+    if code in ENDS_THAT_REPEAT or restarts >= cfg.auto_resume:
+        return None
     try:
-        return run.resume_step(None, variants)
+        return run.resume_step(None, [v.name for v in cfg.variants])
     except RunFolderError:
         return None
 
@@ -163,13 +166,13 @@ def start(supervisor: Supervisor | RayCluster, spec: ProcessSpec) -> None:
 
 
 def report_failure(supervisor: Supervisor | RayCluster, name: str, code: int) -> int:
-    """Log why the run stops; its exit code. A trainer or orchestrator that refused what it found (exit
-    code 2, its reason the last line of its log: a run_name another run's adapters hold, a server that
-    is not vLLM) is that one line, and `rl` exits 2 as for any bad input."""
+    """Log why the run stops; its exit code. A trainer or orchestrator whose end a restart would repeat
+    (ENDS_THAT_REPEAT) is the last line of its log, its reason: `rl` exits 2 for a refusal, as for any
+    bad input, and 1 for training stopped."""
     tail = supervisor.tail(name)
-    if code == 2 and name in {"orchestrator", "trainer"} and tail.strip():
+    if code in ENDS_THAT_REPEAT and name in {"orchestrator", "trainer"} and tail.strip():
         log.error("%s: %s", name, tail.strip().splitlines()[-1].removeprefix("error: "))
-        return 2
+        return REFUSED if code == REFUSED else 1
     log.error(
         "%s exited with code %d; stopping the run. Last lines of %s:\n%s", name, code, supervisor.log_path(name), tail
     )

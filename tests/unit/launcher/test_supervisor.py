@@ -7,8 +7,6 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import psutil
 import pytest
@@ -44,13 +42,6 @@ def running(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
-
-
-@pytest.fixture
-def sup(tmp_path: Path) -> Iterator[Supervisor]:
-    supervisor = Supervisor(tmp_path / "logs")
-    yield supervisor
-    supervisor.stop_all(grace=1)
 
 
 def test_a_restart_first_stops_what_the_dead_leader_left(sup: Supervisor, caplog: pytest.LogCaptureFixture) -> None:

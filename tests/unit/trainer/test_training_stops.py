@@ -15,6 +15,7 @@ import pytest
 
 from lorarl.config.loader import load_config
 from lorarl.config.models import RLConfig, SFTConfig
+from lorarl.launcher.supervisor import TRAINING_STOPPED
 from lorarl.rollouts import RolloutBatch
 from lorarl.run_folder import RunFolder
 from lorarl.trainer import rl, sft
@@ -65,15 +66,36 @@ def test_sft_whose_gradient_collapses_stops_before_the_result(tiny_model: Path, 
     assert not (cfg.run_dir / "final").exists()
 
 
-def test_rl_whose_weights_overflow_writes_no_adapter_of_them(tiny_model: Path, tmp_path: Path) -> None:
-    """The RL trainer (rollouts written by hand): step 1's update overflows float16 weights; the run
-    stops before broadcasts/step_1, so the orchestrator never serves them."""
-    model = {"name": str(tiny_model), "full_finetune": True, "dtype": "float16"}
+def overflowing_rl_run(model_path: Path, out: Path) -> tuple[RLConfig, RunFolder]:
+    """An RL run whose step 1 overflows float16 weights, prepared as `rl` prepares it, with its
+    rollouts written by hand."""
+    model = {"name": str(model_path), "full_finetune": True, "dtype": "float16"}
     trainer = {"optim": {"lr": 1e6}, "ckpt": {"interval": 1}}
-    cfg = RLConfig(model=model, max_steps=2, output_dir=tmp_path, monitor={"console": False}, trainer=trainer)
-    run = RunFolder(cfg.run_dir).create()
+    cfg = RLConfig(model=model, max_steps=2, output_dir=out, monitor={"console": False}, trainer=trainer)
+    run = RunFolder(cfg.run_dir)
+    run.prepare("rl", cfg.model_dump(mode="json"), resume=False, overwrite=False)
+    run.create()
     for step in (1, 2):
         RolloutBatch(step, rollouts_for(step)).write(run.rollouts(step))
+    return cfg, run
+
+
+def test_rl_whose_weights_overflow_writes_no_adapter_of_them(tiny_model: Path, tmp_path: Path) -> None:
+    """The RL trainer: the run stops before broadcasts/step_1, so the orchestrator never serves them."""
+    cfg, run = overflowing_rl_run(tiny_model, tmp_path)
     with pytest.raises(TrainingStopped, match=r"^step 1: the update made weights NaN or infinite .* trainer.optim.lr"):
         rl.train(cfg)
     assert run.broadcast(0).is_dir() and not run.broadcast(1).exists() and not run.checkpoint_steps()
+
+
+def test_the_rl_trainer_ends_a_stop_with_the_exit_code_rl_does_not_restart(tiny_model: Path, tmp_path: Path) -> None:
+    """`lorarl-trainer`, the installed script `rl` starts, exits TRAINING_STOPPED with its one line:
+    `rl` neither restarts it (auto_resume, tests/unit/launcher/test_launch_failures.py) nor shows more."""
+    cfg, _ = overflowing_rl_run(tiny_model, tmp_path)
+    config = tmp_path / "rl.json"
+    config.write_text(json.dumps(cfg.model_dump(mode="json")))
+    trainer = str(Path(sys.executable).parent / "lorarl-trainer")
+    result = subprocess.run([trainer, "@", str(config)], capture_output=True, text=True)
+    assert result.returncode == TRAINING_STOPPED, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1].startswith("error: step 1: the update made weights NaN or infinite")
+    assert "Traceback" not in result.stderr
