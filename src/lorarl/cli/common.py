@@ -1,11 +1,12 @@
-"""What every entry point does first: load its config or explain why not, and set up logging."""
+"""What every entry point does first: load its config or explain why not, and set up logging; and how
+each ends on what it cannot go on with: one line, no traceback."""
 
 from __future__ import annotations
 
 import logging
 import os
 import sys
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
 from pydantic import BaseModel
 
@@ -18,13 +19,27 @@ def load_or_exit(cls: type[T], argv: list[str] | None) -> T:
     try:
         return load_config(cls, argv)
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+        exit_with(e, 2)
+
+
+def exit_with(error: Exception, code: int) -> NoReturn:
+    """Exit `code` with the one line `error: <error>`. Under torchrun every rank ends so (they read the
+    same data and hold the same numbers), and rank 0 alone says it."""
+    if _speaks_for_the_ranks():
+        print(f"error: {error}", file=sys.stderr)
+    raise SystemExit(code)
 
 
 def setup_logging(component: str) -> None:
+    """Progress (INFO) from rank 0 alone under torchrun; warnings from every rank."""
     logging.basicConfig(
-        level=os.environ.get("LORARL_LOG_LEVEL", "INFO"),
+        level=os.environ.get("LORARL_LOG_LEVEL", "INFO" if _speaks_for_the_ranks() else "WARNING"),
         format=f"%(asctime)s {component} %(levelname)s %(message)s",
         datefmt="%H:%M:%S",
     )
+
+
+def _speaks_for_the_ranks() -> bool:
+    """Not one of torchrun's ranks, or its rank 0: torchrun's ranks share a terminal (and in `rl` the
+    trainer's log), so what every rank would say alike is said once."""
+    return "TORCHELASTIC_RUN_ID" not in os.environ or os.environ.get("RANK") == "0"

@@ -8,10 +8,9 @@ The merge is computed in float32 and saved in the base model's dtype unless `--d
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-from lorarl.cli.common import setup_logging
+from lorarl.cli.common import exit_with, setup_logging
 from lorarl.launcher.preflight import PreflightError
 from lorarl.merge import merge
 from lorarl.run_folder import RunFolderError
@@ -37,8 +36,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         merge(args.base, args.adapter, args.out, args.dtype, args.overwrite)
     except (OSError, ValueError, PreflightError, RunFolderError) as e:  # OSError: e.g. a file system refusing root
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+        exit_with(e, 2)
 
 
 if __name__ == "__main__":

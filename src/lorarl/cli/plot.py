@@ -8,9 +8,9 @@ throughput), each run overlaid in its own colour. A panel no run has data for is
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
+from lorarl.cli.common import exit_with
 from lorarl.monitor.plots import MetricsError, plot_runs
 
 
@@ -26,8 +26,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         written = plot_runs(args.runs, args.out)
     except (MetricsError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+        exit_with(e, 2)
     for path in written:
         print(path)
 

@@ -6,9 +6,8 @@ Nothing is cleared or started until every check has passed (`--dry-run` makes th
 from __future__ import annotations
 
 import logging
-import sys
 
-from lorarl.cli.common import load_or_exit, setup_logging
+from lorarl.cli.common import exit_with, load_or_exit, setup_logging
 from lorarl.config.models import RLConfig
 from lorarl.launcher.launch import launch
 from lorarl.launcher.memory_plan import rl_memory_plan
@@ -31,8 +30,7 @@ def main(argv: list[str] | None = None) -> None:
             run.resume_step(cfg.resume.step, [v.name for v in cfg.variants])
         done = run.prepare("rl", cfg.model_dump(mode="json"), cfg.resume is not None, cfg.overwrite, cfg.dry_run)
     except (PreflightError, RunFolderError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+        exit_with(e, 2)
     log.info(done)
     if not cfg.dry_run:
         run.hold_lock()

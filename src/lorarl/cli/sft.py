@@ -11,11 +11,12 @@ import logging
 import os
 import sys
 
-from lorarl.cli.common import load_or_exit, setup_logging
+from lorarl.cli.common import exit_with, load_or_exit, setup_logging
 from lorarl.config.models import SFTConfig
 from lorarl.launcher.memory_plan import sft_memory_plan
 from lorarl.launcher.plan import torchrun
 from lorarl.launcher.preflight import PreflightError, check_sft
+from lorarl.launcher.supervisor import TRAINING_STOPPED
 from lorarl.run_folder import RunFolder, RunFolderError
 
 log = logging.getLogger("lorarl.sft")
@@ -44,11 +45,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         train(cfg)
     except DataError as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+        exit_with(e, 2)
     except TrainingStopped as e:  # the run went wrong (NaN weights, no gradient): no result written
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(1) from None
+        exit_with(e, TRAINING_STOPPED)
 
 
 def prepare(cfg: SFTConfig) -> None:
@@ -64,8 +63,7 @@ def prepare(cfg: SFTConfig) -> None:
         if not cfg.dry_run:
             run.hold_lock()
     except (PreflightError, RunFolderError, ValueError) as e:  # DataError is a ValueError
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+        exit_with(e, 2)
 
 
 if __name__ == "__main__":

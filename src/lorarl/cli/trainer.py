@@ -6,9 +6,7 @@ makes it), so that it never writes among a user's files.
 
 from __future__ import annotations
 
-import sys
-
-from lorarl.cli.common import load_or_exit, setup_logging
+from lorarl.cli.common import exit_with, load_or_exit, setup_logging
 from lorarl.config.models import RLConfig
 from lorarl.launcher.supervisor import TRAINING_STOPPED
 from lorarl.run_folder import RunFolder, RunFolderError
@@ -24,8 +22,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         train(cfg)
     except TrainingStopped as e:  # one line, the last of the trainer's log that `rl` shows
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(TRAINING_STOPPED) from None
+        exit_with(e, TRAINING_STOPPED)
 
 
 def prepared_or_exit(cfg: RLConfig, command: str) -> None:
@@ -33,8 +30,7 @@ def prepared_or_exit(cfg: RLConfig, command: str) -> None:
     try:
         RunFolder(cfg.run_dir).check_prepared(command)
     except RunFolderError as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+        exit_with(e, 2)
 
 
 if __name__ == "__main__":

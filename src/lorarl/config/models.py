@@ -963,8 +963,7 @@ class RLConfig(SharedConfig):
     """When the trainer or the orchestrator dies, restart both from the latest complete checkpoint
     (`trainer.ckpt.interval` must be set) up to this many times, keeping the vLLM workers. Not when a
     restart would end the same way: the trainer stopped training gone wrong (NaN weights, a gradient
-    stuck at 0), or either refused what it found; but torchrun (parallel.dp > 1 on one machine) reports
-    a stopped trainer as any failure."""
+    stuck at 0: exit code 3), or either refused what it found (exit code 2)."""
 
     @model_validator(mode="after")
     def _rl_trains_lora(self) -> RLConfig:

@@ -27,7 +27,7 @@ from lorarl.inference.server import worker_urls
 from lorarl.launcher.placement import Placement
 from lorarl.launcher.plan import ProcessSpec, plan_run
 from lorarl.launcher.ray_cluster import ClusterError, RayCluster  # imports Ray only once a run uses it
-from lorarl.launcher.supervisor import ENDS_THAT_REPEAT, REFUSED, Supervisor
+from lorarl.launcher.supervisor import ENDS_THAT_REPEAT, Supervisor
 from lorarl.monitor.console import StepPrinter
 from lorarl.run_folder import RunFolder, RunFolderError
 
@@ -167,12 +167,12 @@ def start(supervisor: Supervisor | RayCluster, spec: ProcessSpec) -> None:
 
 def report_failure(supervisor: Supervisor | RayCluster, name: str, code: int) -> int:
     """Log why the run stops; its exit code. A trainer or orchestrator whose end a restart would repeat
-    (ENDS_THAT_REPEAT) is the last line of its log, its reason: `rl` exits 2 for a refusal, as for any
-    bad input, and 1 for training stopped."""
+    (ENDS_THAT_REPEAT) is the last line of its log, its reason, and `rl` exits with its code: 2 for a
+    refusal, as for any bad input; 3 for training stopped."""
     tail = supervisor.tail(name)
     if code in ENDS_THAT_REPEAT and name in {"orchestrator", "trainer"} and tail.strip():
         log.error("%s: %s", name, tail.strip().splitlines()[-1].removeprefix("error: "))
-        return REFUSED if code == REFUSED else 1
+        return code
     log.error(
         "%s exited with code %d; stopping the run. Last lines of %s:\n%s", name, code, supervisor.log_path(name), tail
     )

@@ -100,7 +100,7 @@ def plan_run(cfg: RLConfig, run: RunFolder, placement: Placement) -> list[Proces
 
 def torchrun(nproc: int) -> list[str]:
     """The interpreter prefix that runs a module as `nproc` data-parallel ranks on this machine."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+    return [sys.executable, "-m", "lorarl.launcher.torchrun", "--standalone", f"--nproc-per-node={nproc}"]
 
 
 def _launcher(cfg: RLConfig, role: str, ray: bool) -> list[str]:

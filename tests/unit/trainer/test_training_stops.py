@@ -36,20 +36,25 @@ def sft_args(model: Path, data: Path, out: Path, *more: str) -> list[str]:
     return [*paths, "--seq_len", "64", "--batch_size", "4", "--ckpt.interval", "1", "--no-monitor.console", *more]
 
 
+@pytest.mark.parametrize(
+    "parallel", [[], ["--parallel.dp", "2", "--parallel.fsdp"]], ids=["one process", "two fsdp ranks"]
+)
 def test_sft_whose_weights_overflow_stops_in_one_line_and_writes_no_result(
-    tiny_model: Path, sft_data: Path, tmp_path: Path
+    tiny_model: Path, sft_data: Path, tmp_path: Path, parallel: list[str]
 ) -> None:
-    """Through the installed console script: exit 1, one line naming the step and the key, and no
-    checkpoint or final/ (every step would have written a checkpoint)."""
-    args = sft_args(tiny_model, sft_data, tmp_path, "--max_steps", "3", "--model.dtype", "float16", "--optim.lr", "1e6")
+    """Through the installed console script: exit 3 (TRAINING_STOPPED), one line naming the step and
+    the key, and no checkpoint or final/ (every step would have written a checkpoint). With fsdp the
+    weights checked are each rank's shards; under torchrun still one line, and torchrun's exit code."""
+    overflow = ["--max_steps", "3", "--model.dtype", "float16", "--optim.lr", "1e6", *parallel]
+    args = sft_args(tiny_model, sft_data, tmp_path, *overflow)
     result = subprocess.run([str(Path(sys.executable).parent / "sft"), *args], capture_output=True, text=True)
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-    assert result.returncode == 1, result.stderr
+    assert result.returncode == TRAINING_STOPPED, result.stderr
     stop = "step 1: the update made weights NaN or infinite (lr 1e+06); lower optim.lr and start again"
     assert len(errors) == 1 and errors[0].startswith(f"error: {stop}"), result.stderr
     assert "Traceback" not in result.stderr
-    run = tmp_path / "sft"
-    assert not (run / "final").exists() and not (run / "checkpoints").exists()
+    run = tmp_path / "default"
+    assert (run / "run.json").is_file() and not (run / "final").exists() and not (run / "checkpoints").exists()
 
 
 def test_sft_whose_gradient_collapses_stops_before_the_result(tiny_model: Path, sft_data: Path, tmp_path: Path) -> None:
