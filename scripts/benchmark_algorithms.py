@@ -6,8 +6,7 @@ Variants, each `--steps` steps from the same starting model and example stream:
 
 * all-groups: every group trains (`--no-orchestrator.skip_zero_advantage`: the behaviour before it)
 * skip: groups whose advantages are all 0 are left out of the batch (the default now)
-* cispo: skip, with `trainer.loss.ratio_mode = "cispo"`, where the loss family offers it; else
-* fill: skip, with `orchestrator.fill_informative` (extra groups in place of the skipped ones)
+* cispo: skip, with `trainer.loss.type = "cispo"`
 
 Reported from each run's metrics.jsonl: the trainer's compute seconds per step (forward/backward and
 optimizer, after the first step), the rollouts it trained on per step, the share of groups with zero
@@ -25,12 +24,11 @@ import os
 import statistics
 import subprocess
 import sys
-import typing
 from pathlib import Path
 from typing import Any
 
 from lorarl.config.loader import load_config
-from lorarl.config.models import LossConfig, RLConfig
+from lorarl.config.run import RLConfig
 from lorarl.inference.health import wait_until_healthy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,13 +36,12 @@ QUICKSTART_MODEL = Path("outputs/quickstart-sft/final")
 
 
 def variants() -> dict[str, list[str]]:
-    """Each variant's flags for `rl`; the third is CISPO where the loss family has it, else fill."""
-    out = {"all-groups": ["--no-orchestrator.skip_zero_advantage"], "skip": []}
-    if "cispo" in typing.get_args(LossConfig.model_fields["ratio_mode"].annotation):
-        out["cispo"] = ["--trainer.loss.ratio_mode", "cispo"]
-    else:
-        out["fill"] = ["--orchestrator.fill_informative"]
-    return out
+    """Each variant's flags for `rl`."""
+    return {
+        "all-groups": ["--no-orchestrator.skip_zero_advantage"],
+        "skip": [],
+        "cispo": ["--trainer.loss.type", "cispo"],
+    }
 
 
 def prepare_quickstart_model(env: dict[str, str]) -> None:

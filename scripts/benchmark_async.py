@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from lorarl.config.loader import load_config
-from lorarl.config.models import RLConfig
+from lorarl.config.run import RLConfig
 from lorarl.inference.health import wait_until_healthy
 
 

@@ -22,7 +22,9 @@ from pathlib import Path
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from lorarl.config.models import LoraConfig, LossConfig, ModelConfig, OptimConfig
+from lorarl.config.algorithms import PPOLoss
+from lorarl.config.model import LoraConfig, ModelConfig
+from lorarl.config.trainer import OptimConfig
 from lorarl.trainer.batching import TrainSample, micro_batches
 from lorarl.trainer.loss import LossNorm, micro_batch_loss
 from lorarl.trainer.model import TrainedModel, apply_lora, load_model, parameter_summary, peak_memory_gib
@@ -56,7 +58,7 @@ def one_mode(folder: Path, mode: str, batch: int, seq: int, micro: int, steps: i
         )
         for _ in range(batch)
     ]
-    loss_cfg = LossConfig()
+    loss_cfg = PPOLoss()
     norm = LossNorm.for_step(loss_cfg, samples)
     times = []
     for _ in range(steps):

@@ -167,7 +167,7 @@ def sft_step(args: argparse.Namespace, root: Path, model: Path, vocab: int, seq_
 
 
 def memory(args: argparse.Namespace) -> None:
-    from lorarl.config.models import DEFAULT_LOGITS_CHUNK_SIZE
+    from lorarl.config.common import DEFAULT_LOGITS_CHUNK_SIZE
 
     root = args.out / "memory"
     root.mkdir(parents=True, exist_ok=True)

@@ -38,10 +38,11 @@ from typing import Any
 import lorarl.cli.rl as rl
 import lorarl.inference.server as server
 from lorarl.config.loader import load_config
-from lorarl.config.models import RLConfig
+from lorarl.config.run import RLConfig
 from lorarl.inference.client import InferenceClient
 from lorarl.inference.health import wait_until_healthy
 from lorarl.trainer.model import apply_lora, load_model
+from lorarl.variants import variant_configs
 
 OPS = {"vLLM's": True, "lorarl's": False}  # the LoRA ops of a CPU server: stock (vLLM's) or not
 
@@ -91,7 +92,7 @@ def step_figures(rows: list[dict[str, Any]], steps: int) -> dict[str, float]:
 
 
 def benchmark_runs(cfg: RLConfig, steps: int, folder: Path) -> None:
-    runs = [("sweep", cfg), *cfg.variant_configs()]
+    runs = [("sweep", cfg), *variant_configs(cfg)]
     print(f"{steps} steps of {cfg.run_name}: the sweep, then each variant alone", flush=True)
     print("| LoRA ops | run | wall s | s / step | trainer s / step | vLLM busy s / step |", flush=True)
     print("|---|---|---|---|---|---|", flush=True)
@@ -144,7 +145,7 @@ async def time_batches(cfg: RLConfig, ops: str, adapters: dict[str, Path]) -> No
 
 def benchmark_vllm(cfg: RLConfig, folder: Path) -> None:
     adapters = {}
-    for name, variant in cfg.variant_configs():
+    for name, variant in variant_configs(cfg):
         adapters[name] = folder / name
         apply_lora(load_model(variant.model), variant.lora).save_pretrained(str(adapters[name]))
     ours = server.vllm_command(cfg, gpus=0, experts=False)  # a CPU benchmark of dense LoRA

@@ -143,7 +143,7 @@ def training_floor(model: Path, steps: int, threads: int) -> dict[str, float]:
     import peft
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from lorarl.config.models import LossConfig
+    from lorarl.config.algorithms import PPOLoss
     from lorarl.trainer.batching import TrainSample
     from lorarl.trainer.packing import ForwardPasses
     from lorarl.trainer.probe import build_probe, score_probe
@@ -181,7 +181,7 @@ def training_floor(model: Path, steps: int, threads: int) -> dict[str, float]:
 
     def trainer(share: bool) -> None:
         tokens = sum(sum(s.loss_mask) for s in train_samples)
-        loss = policy_gradient_loss(lora, train_samples, LossConfig(), tokens)
+        loss = policy_gradient_loss(lora, train_samples, PPOLoss(), tokens)
         forward_backward_step(lora, train_samples, loss, passes[share])
 
     probe = build_probe(tok, SEQ_LEN)

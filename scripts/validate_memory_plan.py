@@ -144,7 +144,9 @@ def held_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
 def measure(case: Case) -> dict[str, float]:
     """In this (fresh) process: the peak tensor memory of one trainer step of `case`, its peak resident
     memory above the baseline, and the plan's estimate."""
-    from lorarl.config.models import LoraConfig, LossConfig, ModelConfig, OptimConfig, TrainerConfig
+    from lorarl.config.algorithms import PPOLoss
+    from lorarl.config.model import LoraConfig, ModelConfig
+    from lorarl.config.trainer import OptimConfig, TrainerConfig
     from lorarl.launcher.memory_plan import DENSE_MASK, TrainerWork, shape_from_config, trainer_parts
     from lorarl.tiny_model import build_model
     from lorarl.trainer.batching import TrainSample
@@ -181,7 +183,7 @@ def measure(case: Case) -> dict[str, float]:
     sample = TrainSample(ids, [False] * prompt + [True] * (case.seq_len - prompt), [-1.0] * case.seq_len, 1.0)
     passes = ForwardPasses(packing=True, seq_len=case.seq_len, micro_batch_size=1, pad_id=1)
     chunk_size = TrainerConfig().logits_chunk_size
-    loss = policy_gradient_loss(model, [sample], LossConfig(), case.seq_len, chunk_size)
+    loss = policy_gradient_loss(model, [sample], PPOLoss(), case.seq_len, chunk_size)
     held = held_bytes(model, optimizer)
     with TensorPeak() as step:
         forward_backward_step(model, [sample], loss, passes)

@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # what mypy, IDEs and the API reference (griffe reads these s
     from lorarl.orchestrator.episodes import PlayedEpisode
     from lorarl.orchestrator.judge import Judge, JudgeError
     from lorarl.orchestrator.tools import ToolFunc, ToolStats, tool_schema
-    from lorarl.trainer.loss import LossFn, LossInputs
+    from lorarl.trainer.losses import LossFn, LossInputs
 
 __all__ = [
     "plugin",
@@ -65,8 +65,8 @@ _LAZY: dict[str, str] = {
     "tool_schema": "lorarl.orchestrator.tools",
     "Judge": "lorarl.orchestrator.judge",
     "JudgeError": "lorarl.orchestrator.judge",
-    "LossFn": "lorarl.trainer.loss",
-    "LossInputs": "lorarl.trainer.loss",
+    "LossFn": "lorarl.trainer.losses",
+    "LossInputs": "lorarl.trainer.losses",
     "AdvantageFn": "lorarl.orchestrator.advantages",
     "PlayedEpisode": "lorarl.orchestrator.episodes",
 }

@@ -20,6 +20,8 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any, Literal, TypeVar, get_args
 
+from pydantic import ConfigDict, PydanticSchemaGenerationError, PydanticUserError, TypeAdapter, ValidationError
+
 PluginKind = Literal["environment", "loss", "advantage"]
 KINDS: tuple[str, ...] = get_args(PluginKind)
 _MARK = "__lorarl_plugin__"  # the attribute `plugin` sets on a declared function
@@ -27,16 +29,22 @@ F = TypeVar("F", bound=Callable[..., Any])
 # Where the interpreter's and installed libraries' code lives: a failing import is reported at the
 # innermost line outside these (the user's own), where there is one.
 _LIBRARY_DIRS = tuple({sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")})
+# Annotations of any class are checked by isinstance (pydantic knows no schema for most of them).
+_ANY_TYPE = ConfigDict(arbitrary_types_allowed=True)
 
 
 class PluginError(ValueError):
     """The function a key names cannot be imported or used; str() is one line naming the key."""
 
 
+class ArgsError(ValueError):
+    """`args` that do not fit the function; str() is one line that starts with "args" and names the arg."""
+
+
 def plugin(kind: PluginKind) -> Callable[[F], F]:
     """Declare the decorated function a lorarl plugin of `kind`, which config keys may then name:
     "environment" (`[[orchestrator.env]] id`, a factory returning an Environment), "loss"
-    (`trainer.loss.loss_fn`) or "advantage" (`orchestrator.advantage.fn`)."""
+    (`trainer.loss.fn` with type "custom") or "advantage" (`orchestrator.advantage.fn`, likewise)."""
     if kind not in KINDS:
         raise ValueError(f"plugin kind {kind!r}: give one of {', '.join(KINDS)}")
 
@@ -115,3 +123,54 @@ def load_function(spec: str, key: str, kind: PluginKind) -> Callable[..., Any]:
     if declared_kind(fn) != kind:
         raise PluginError(f"{key} {spec!r}: {how_to_declare(fn, kind)}")
     return fn
+
+
+def fit_args(factory: Callable[..., Any], args: dict[str, Any], leading: int = 0) -> dict[str, Any]:
+    """`args`, the keyword arguments a config gives a user's function, checked against its signature and
+    parameter annotations (by pydantic, as `pydantic.validate_call` would, without calling it) and
+    converted to the annotated types. `leading`: positional arguments lorarl passes before them (a loss
+    function's inputs, an estimator's rewards and episodes)."""
+    name = getattr(factory, "__name__", repr(factory))
+    signature = _signature(factory)
+    if signature is None:  # no signature to read (a C function): checked when built
+        return args
+    try:
+        signature.bind(*[None] * leading, **args)
+    except TypeError as e:
+        raise ArgsError(f"args do not fit {name}: {e}") from None
+    params = signature.parameters
+    rest = next((p for p in params.values() if p.kind is p.VAR_KEYWORD), None)
+    fitted = {}
+    for arg, value in args.items():
+        param = params[arg] if arg in params and params[arg].kind is not params[arg].VAR_POSITIONAL else rest
+        hint = param.annotation if param is not None else inspect.Parameter.empty
+        if hint is inspect.Parameter.empty or isinstance(hint, str):  # none, or one that did not resolve
+            fitted[arg] = value
+        else:
+            where = f"args.{arg} = {value!r}: {name} takes {arg}: {inspect.formatannotation(hint)}"
+            fitted[arg] = _fit(hint, value, where)
+    return fitted
+
+
+def _signature(factory: Callable[..., Any]) -> inspect.Signature | None:
+    """The factory's signature with its annotations evaluated (left as strings where they do not
+    resolve here: those args are checked by name alone), or None if it has none."""
+    try:
+        return inspect.signature(factory, eval_str=True)
+    except (ValueError, TypeError):
+        return None
+    except Exception:  # an annotation that does not resolve here (a NameError, ...)
+        return inspect.signature(factory)
+
+
+def _fit(hint: Any, value: Any, where: str) -> Any:
+    try:
+        adapter = TypeAdapter(hint, config=_ANY_TYPE)
+    except PydanticUserError:  # a model, dataclass or TypedDict: it has a config of its own
+        adapter = TypeAdapter(hint)
+    except PydanticSchemaGenerationError:  # a type pydantic cannot check: left to the factory
+        return value
+    try:
+        return adapter.validate_python(value)
+    except ValidationError as e:
+        raise ArgsError(f"{where} ({e.errors()[0]['msg']})") from None

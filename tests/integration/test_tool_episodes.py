@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from lorarl.config.models import SamplingConfig
+from lorarl.config.orchestrator import SamplingConfig
 from lorarl.inference.client import Completion
 from lorarl.inference.pool import WorkerPool
 from lorarl.orchestrator.batch_metrics import batch_metrics

@@ -14,13 +14,13 @@ import pytest
 from pydantic import BaseModel
 
 import lorarl
-from lorarl.config.models import AdvantageConfig
+from lorarl.config.algorithms import CustomAdvantage, CustomLoss
 from lorarl.orchestrator.advantages import advantage_estimator
-from lorarl.orchestrator.envs import EnvArgsError, check_environment, fit_args, load_environment, resolve_environment
+from lorarl.orchestrator.envs import check_environment, load_environment, resolve_environment
 from lorarl.orchestrator.envs.base import Environment
 from lorarl.orchestrator.envs.reverse_text import ReverseText
-from lorarl.plugins import PluginError, declared_kind, import_user_module, load_function
-from lorarl.trainer.loss import load_loss_fn
+from lorarl.plugins import ArgsError, PluginError, declared_kind, fit_args, import_user_module, load_function
+from lorarl.trainer.losses import BUILTIN, policy_term
 
 
 @pytest.fixture
@@ -57,8 +57,8 @@ def declared_loss(inputs: object) -> object:
 
 def test_a_function_loads_only_as_the_kind_it_was_declared() -> None:
     spec = f"{__name__}:declared_loss"
-    assert load_function(spec, "trainer.loss.loss_fn", "loss") is declared_loss
-    assert load_loss_fn(spec) is declared_loss  # the trainer's loader
+    assert load_function(spec, "trainer.loss.fn", "loss") is declared_loss
+    assert policy_term(CustomLoss(fn=spec)) == (declared_loss, {})  # the trainer's loader
     with pytest.raises(PluginError, match="is declared a lorarl loss plugin: mark the function you mean with"):
         load_function(spec, "orchestrator.advantage.fn", "advantage")
     with pytest.raises(PluginError, match="is declared a lorarl loss plugin"):
@@ -71,10 +71,23 @@ def test_the_orchestrator_and_trainer_refuse_undeclared_functions_without_callin
     with pytest.raises(PluginError, match="shutil.rmtree is not declared a lorarl environment plugin"):
         load_environment("shutil:rmtree", {"path": str(folder)})
     with pytest.raises(PluginError, match="orchestrator.advantage.fn 'shutil:rmtree': shutil.rmtree is not declared"):
-        advantage_estimator(AdvantageConfig(fn="shutil:rmtree"))
-    with pytest.raises(PluginError, match="trainer.loss.loss_fn 'os:remove': posix.remove is not declared"):
-        load_loss_fn("os:remove")
+        advantage_estimator(CustomAdvantage(fn="shutil:rmtree"))
+    with pytest.raises(PluginError, match="trainer.loss.fn 'os:remove': posix.remove is not declared"):
+        policy_term(CustomLoss(fn="os:remove"))
     assert folder.is_dir()
+
+
+def test_the_built_in_losses_and_estimators_are_declared_as_a_users_are() -> None:
+    """One family: a built-in loads through the same check as a user's plugin."""
+    from lorarl.orchestrator import advantages
+
+    for name, fn in BUILTIN.items():
+        assert load_function(f"lorarl.trainer.losses:{name}", "trainer.loss.fn", "loss") is fn
+    for name, estimator in advantages.BUILTIN.items():
+        assert (
+            load_function(f"lorarl.orchestrator.advantages:{name}", "orchestrator.advantage.fn", "advantage")
+            is estimator
+        )
 
 
 def test_an_environment_is_a_subclass_an_annotated_function_or_a_declared_one(
@@ -174,7 +187,7 @@ def test_env_args_are_checked_and_converted_by_the_factorys_annotations() -> Non
         "missing": ({}, "args do not fit factory: missing a required argument: 'size'"),
     }
     for args, message in bad.values():
-        with pytest.raises(EnvArgsError) as e:
+        with pytest.raises(ArgsError) as e:
             fit_args(factory, args)
         assert str(e.value).startswith(message), str(e.value)
 
@@ -196,7 +209,7 @@ def test_env_args_of_unresolved_annotations_are_checked_by_name_alone(write_modu
         """,
     )
     assert load_environment(f"{module}:Env", {"options": "anything"}).options == "anything"  # type: ignore[attr-defined]
-    with pytest.raises(EnvArgsError, match="unexpected keyword argument 'nope'"):
+    with pytest.raises(ArgsError, match="unexpected keyword argument 'nope'"):
         check_environment(f"{module}:Env", {"nope": 1})
 
 

@@ -20,7 +20,7 @@ import griffe
 import pytest
 
 import lorarl
-from lorarl.config.models import AdvantageConfig
+from lorarl.config.algorithms import CustomAdvantage
 from lorarl.orchestrator.advantages import advantage_estimator
 from lorarl.orchestrator.envs import load_environment
 
@@ -108,8 +108,8 @@ def by_length(rewards: list[float], episodes: list[lorarl.PlayedEpisode]) -> lis
 def test_advantage_functions_of_either_form_are_called_as_declared() -> None:
     episode = lorarl.Episode({}, [])
     played = [lorarl.PlayedEpisode(episode, [], model_tokens=n, truncated=False) for n in (1, 2)]
-    one = advantage_estimator(AdvantageConfig(fn=f"{__name__}:centered"))
-    two = advantage_estimator(AdvantageConfig(fn=f"{__name__}:by_length"))
+    one = advantage_estimator(CustomAdvantage(fn=f"{__name__}:centered"))
+    two = advantage_estimator(CustomAdvantage(fn=f"{__name__}:by_length"))
     assert one([1.0, 0.0], played) == [0.5, -0.5]
     assert two([1.0, 0.0], played) == [0.0, -2.0]
 

@@ -10,16 +10,26 @@ from typing import NoReturn, TypeVar
 
 from pydantic import BaseModel
 
-from lorarl.config.loader import ConfigError, load_config
+from lorarl.config.loader import ConfigError, load_config, load_run
+from lorarl.exit_codes import BAD_INPUT
 
 T = TypeVar("T", bound=BaseModel)
+M = TypeVar("M", bound=BaseModel)
 
 
 def load_or_exit(cls: type[T], argv: list[str] | None) -> T:
     try:
         return load_config(cls, argv)
     except ConfigError as e:
-        exit_with(e, 2)
+        exit_with(e, BAD_INPUT)
+
+
+def load_run_or_exit(cls: type[T], mode_cls: type[M], argv: list[str] | None) -> tuple[T, M]:
+    """The experiment and the run-mode flags (--dry-run, --overwrite, ...) of `argv`."""
+    try:
+        return load_run(cls, mode_cls, argv)
+    except ConfigError as e:
+        exit_with(e, BAD_INPUT)
 
 
 def exit_with(error: Exception, code: int) -> NoReturn:

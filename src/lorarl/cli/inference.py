@@ -8,16 +8,17 @@ import shlex
 import sys
 from typing import NoReturn
 
-from lorarl.cli.common import load_or_exit
-from lorarl.config.models import RLConfig
+from lorarl.cli.common import load_run_or_exit
+from lorarl.config.run import RLConfig, RunMode
+from lorarl.exit_codes import BAD_INPUT
 from lorarl.inference.server import vllm_env
-from lorarl.launcher.placement import PlacementError, worker_gpus
+from lorarl.launcher.placement import PlacementError, visible_gpus, worker_gpus
 from lorarl.launcher.plan import worker_command
 
 
 def refuse(message: str) -> NoReturn:
     print(f"error: {message}", file=sys.stderr)
-    raise SystemExit(2)
+    raise SystemExit(BAD_INPUT)
 
 
 def take_worker(args: list[str]) -> int:
@@ -43,19 +44,19 @@ def take_worker(args: list[str]) -> int:
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else list(argv)
     worker = take_worker(args)  # which of inference.num_workers to be: its port is inference.port + worker
-    cfg = load_or_exit(RLConfig, args)
+    cfg, mode = load_run_or_exit(RLConfig, RunMode, args)
     if worker >= cfg.inference.num_workers:
         refuse(
             f"--worker {worker}: inference.num_workers = {cfg.inference.num_workers} has workers "
             f"0-{cfg.inference.num_workers - 1}"
         )
     try:
-        gpus = worker_gpus(cfg, worker)
+        gpus = worker_gpus(cfg, mode, worker)
     except PlacementError as e:
         refuse(str(e))
-    cmd, env = worker_command(cfg, worker), vllm_env(cfg, gpus)
+    cmd, env = worker_command(cfg, visible_gpus(mode), worker), vllm_env(cfg, gpus)
     print(" ".join([*(f"{k}={v}" for k, v in env.items()), shlex.join(cmd)]), flush=True)
-    if not cfg.dry_run:
+    if not mode.dry_run:
         os.execvpe(cmd[0], cmd, {**os.environ, **env})
 
 

@@ -11,6 +11,7 @@ import argparse
 from pathlib import Path
 
 from lorarl.cli.common import exit_with, setup_logging
+from lorarl.exit_codes import BAD_INPUT
 from lorarl.launcher.preflight import PreflightError
 from lorarl.merge import merge
 from lorarl.run_folder import RunFolderError
@@ -36,7 +37,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         merge(args.base, args.adapter, args.out, args.dtype, args.overwrite)
     except (OSError, ValueError, PreflightError, RunFolderError) as e:  # OSError: e.g. a file system refusing root
-        exit_with(e, 2)
+        exit_with(e, BAD_INPUT)
 
 
 if __name__ == "__main__":

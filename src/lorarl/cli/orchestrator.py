@@ -10,7 +10,8 @@ import sys
 
 from lorarl.cli.common import load_or_exit, setup_logging
 from lorarl.cli.trainer import prepared_or_exit
-from lorarl.config.models import RLConfig
+from lorarl.config.run import RLConfig
+from lorarl.exit_codes import BAD_INPUT
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -25,10 +26,10 @@ def main(argv: list[str] | None = None) -> None:
         asyncio.run(orchestrate(cfg))
     except* AdapterNameInUse as refused:  # from a task of the loop; `rl` shows this line, exit code 2
         print(f"error: {refused.exceptions[0]}", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise SystemExit(BAD_INPUT) from None
     except* ServedCheckFailed as failed:  # a worker serves another policy: `rl` shows this line, exit code 2
         print(f"error: {failed.exceptions[0]}", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise SystemExit(BAD_INPUT) from None
 
 
 if __name__ == "__main__":

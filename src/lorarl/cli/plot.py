@@ -11,6 +11,7 @@ import argparse
 from pathlib import Path
 
 from lorarl.cli.common import exit_with
+from lorarl.exit_codes import BAD_INPUT
 from lorarl.monitor.plots import MetricsError, plot_runs
 
 
@@ -26,7 +27,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         written = plot_runs(args.runs, args.out)
     except (MetricsError, OSError) as e:
-        exit_with(e, 2)
+        exit_with(e, BAD_INPUT)
     for path in written:
         print(path)
 

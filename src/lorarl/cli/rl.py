@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import logging
 
-from lorarl.cli.common import exit_with, load_or_exit, setup_logging
-from lorarl.config.models import RLConfig
+from lorarl.cli.common import exit_with, load_run_or_exit, setup_logging
+from lorarl.config.run import RLConfig, RLRunMode
+from lorarl.exit_codes import BAD_INPUT
 from lorarl.launcher.launch import launch
 from lorarl.launcher.memory_plan import rl_memory_plan
-from lorarl.launcher.placement import visible_gpus
 from lorarl.launcher.plan import plan_run
 from lorarl.launcher.preflight import PreflightError, check_rl
 from lorarl.run_folder import RunFolder, RunFolderError
@@ -21,30 +21,31 @@ log = logging.getLogger("lorarl.rl")
 
 
 def main(argv: list[str] | None = None) -> None:
-    cfg = load_or_exit(RLConfig, argv)
+    cfg, mode = load_run_or_exit(RLConfig, RLRunMode, argv)
     setup_logging("rl")
     run = RunFolder(cfg.run_dir)
     try:
-        placement = check_rl(cfg, visible_gpus(cfg))
+        placement = check_rl(cfg, mode)
         if cfg.resume is not None:
             run.resume_step(cfg.resume.step, [v.name for v in cfg.variants])
-        done = run.prepare("rl", cfg.model_dump(mode="json"), cfg.resume is not None, cfg.overwrite, cfg.dry_run)
+        done = run.prepare("rl", cfg.model_dump(mode="json"), cfg.resume is not None, mode.overwrite, mode.dry_run)
     except (PreflightError, RunFolderError) as e:
-        exit_with(e, 2)
+        exit_with(e, BAD_INPUT)
     log.info(done)
-    if not cfg.dry_run:
+    if not mode.dry_run:
         run.hold_lock()
     specs = plan_run(cfg, run, placement)
-    memory = rl_memory_plan(cfg, placement).table()  # checked by check_rl; the model's shape is cached
+    # Checked by check_rl; the model's shape is cached.
+    memory = rl_memory_plan(cfg, placement, mode.device_memory_gib).table()
     (run.configs / "memory_plan.txt").write_text(memory)
     record_written(run.configs / "memory_plan.txt")
-    if cfg.dry_run:
+    if mode.dry_run:
         print(placement.table())
         print(memory)
         print((run.configs / "commands.txt").read_text(), end="")
         print(f"# resolved configs, placement.txt and memory_plan.txt in {run.configs}/ (dry run: nothing started)")
         return
-    raise SystemExit(launch(cfg, run, specs, placement))
+    raise SystemExit(launch(cfg, mode.auto_resume, run, specs, placement))
 
 
 if __name__ == "__main__":

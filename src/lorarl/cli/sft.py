@@ -11,12 +11,13 @@ import logging
 import os
 import sys
 
-from lorarl.cli.common import exit_with, load_or_exit, setup_logging
-from lorarl.config.models import SFTConfig
+from lorarl.cli.common import exit_with, load_run_or_exit, setup_logging
+from lorarl.config.run import RunMode
+from lorarl.config.sft import SFTConfig
+from lorarl.exit_codes import BAD_INPUT, TRAINING_STOPPED
 from lorarl.launcher.memory_plan import sft_memory_plan
 from lorarl.launcher.plan import torchrun
 from lorarl.launcher.preflight import PreflightError, check_sft
-from lorarl.launcher.supervisor import TRAINING_STOPPED
 from lorarl.run_folder import RunFolder, RunFolderError
 
 log = logging.getLogger("lorarl.sft")
@@ -26,15 +27,15 @@ _PREPARED = "LORARL_SFT_RUN_PREPARED"
 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
-    cfg = load_or_exit(SFTConfig, args)
+    cfg, mode = load_run_or_exit(SFTConfig, RunMode, args)
     setup_logging("sft")
-    if cfg.dry_run:
-        prepare(cfg)
-        print(sft_memory_plan(cfg).table(), end="")
+    if mode.dry_run:
+        prepare(cfg, mode)
+        print(sft_memory_plan(cfg, mode).table(), end="")
         print(f"# dry run: {cfg.run_dir} checked, nothing cleared or started")
         return
     if os.environ.get(_PREPARED) != str(cfg.run_dir):
-        prepare(cfg)  # takes the run's lock, held until this process (or what it execs into) ends
+        prepare(cfg, mode)  # takes the run's lock, held until this process (or what it execs into) ends
     if cfg.parallel.dp > 1 and "WORLD_SIZE" not in os.environ:
         os.environ[_PREPARED] = str(cfg.run_dir)
         os.execv(sys.executable, [*torchrun(cfg.parallel.dp), "-m", "lorarl.cli.sft", *args])
@@ -45,25 +46,25 @@ def main(argv: list[str] | None = None) -> None:
     try:
         train(cfg)
     except DataError as e:
-        exit_with(e, 2)
+        exit_with(e, BAD_INPUT)
     except TrainingStopped as e:  # the run went wrong (NaN weights, no gradient): no result written
         exit_with(e, TRAINING_STOPPED)
 
 
-def prepare(cfg: SFTConfig) -> None:
+def prepare(cfg: SFTConfig, mode: RunMode) -> None:
     """Every check, then the run folder (RunFolder.prepare) and, unless a dry run, its lock; one line and
     exit 2 if not."""
     run = RunFolder(cfg.run_dir)
     try:
-        check_sft(cfg)
+        check_sft(cfg, mode)
         if cfg.resume is not None:
             run.resume_step(cfg.resume.step)
         resume = cfg.resume is not None
-        log.info(run.prepare("sft", cfg.model_dump(mode="json"), resume, cfg.overwrite, dry_run=cfg.dry_run))
-        if not cfg.dry_run:
+        log.info(run.prepare("sft", cfg.model_dump(mode="json"), resume, mode.overwrite, dry_run=mode.dry_run))
+        if not mode.dry_run:
             run.hold_lock()
     except (PreflightError, RunFolderError, ValueError) as e:  # DataError is a ValueError
-        exit_with(e, 2)
+        exit_with(e, BAD_INPUT)
 
 
 if __name__ == "__main__":

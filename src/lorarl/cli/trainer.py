@@ -7,8 +7,8 @@ makes it), so that it never writes among a user's files.
 from __future__ import annotations
 
 from lorarl.cli.common import exit_with, load_or_exit, setup_logging
-from lorarl.config.models import RLConfig
-from lorarl.launcher.supervisor import TRAINING_STOPPED
+from lorarl.config.run import RLConfig
+from lorarl.exit_codes import BAD_INPUT, TRAINING_STOPPED
 from lorarl.run_folder import RunFolder, RunFolderError
 
 
@@ -30,7 +30,7 @@ def prepared_or_exit(cfg: RLConfig, command: str) -> None:
     try:
         RunFolder(cfg.run_dir).check_prepared(command)
     except RunFolderError as e:
-        exit_with(e, 2)
+        exit_with(e, BAD_INPUT)
 
 
 if __name__ == "__main__":

@@ -24,14 +24,18 @@ import json
 import os
 import sys
 import tomllib
+import types
+import typing
 from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, CliSettingsSource
 from pydantic_settings.exceptions import SettingsError
 
 T = TypeVar("T", bound=BaseModel)
+M = TypeVar("M", bound=BaseModel)
 Loc = tuple[int | str, ...]
 # (name, data) of each source of values, lowest precedence first: "default", files, "command line".
 Layers = list[tuple[str, dict[str, Any]]]
@@ -49,9 +53,21 @@ class ConfigError(Exception):
 
 def load_config(cls: type[T], argv: list[str] | None = None) -> T:
     """Load `cls` from `argv` (default `sys.argv[1:]`): class defaults < `@ files` < flags."""
+    return _load(cls, None, argv)[0]
+
+
+def load_run(cls: type[T], mode_cls: type[M], argv: list[str] | None = None) -> tuple[T, M]:
+    """Load the experiment `cls` and the run-mode flags `mode_cls` (config/run.py's RunMode: --dry-run,
+    --overwrite, ...) from the same `argv`, as `load_config` does; the flags' keys go to the mode alone."""
+    cfg, mode = _load(cls, mode_cls, argv)
+    assert mode is not None
+    return cfg, mode
+
+
+def _load(cls: type[T], mode_cls: type[M] | None, argv: list[str] | None) -> tuple[T, M | None]:
     files, flags = _split_files(sys.argv[1:] if argv is None else argv)
     # Flags first, so that `--help` works whatever the files hold.
-    from_cli = _parse_flags(cls, flags)
+    from_cli = _parse_flags(cls if mode_cls is None else _both(cls, mode_cls), flags)
     layers: Layers = [
         (_DEFAULT, _defaults(cls)),
         *((f, _read_file(f)) for f in files),
@@ -60,10 +76,30 @@ def load_config(cls: type[T], argv: list[str] | None = None) -> T:
     merged: dict[str, Any] = {}
     for _, data in layers:
         merged = _merge(merged, data)
+    mode_keys = set(mode_cls.model_fields) if mode_cls is not None else set()
+    problems, cfg, mode = [], None, None
     try:
-        return cls.model_validate(merged)
+        cfg = cls.model_validate({k: v for k, v in merged.items() if k not in mode_keys})
     except ValidationError as e:
-        raise ConfigError(_describe(e, merged, layers)) from None
+        problems.append(_describe(e, merged, layers, cls))
+    if mode_cls is not None:
+        try:
+            mode = mode_cls.model_validate({k: v for k, v in merged.items() if k in mode_keys})
+        except ValidationError as e:
+            problems.append(_describe(e, merged, layers, mode_cls))
+    if problems:
+        raise ConfigError("\n".join(problems))
+    assert cfg is not None
+    return cfg, mode
+
+
+def _both(cls: type[BaseModel], mode_cls: type[BaseModel]) -> type[BaseModel]:
+    """One class with the fields of both, for the command line's parser and `--help`."""
+
+    class Both(cls, mode_cls):  # type: ignore[misc, valid-type]
+        __doc__ = cls.__doc__
+
+    return Both
 
 
 def _split_files(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -118,14 +154,30 @@ def _defaults(cls: type[BaseModel]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, field in cls.model_fields.items():
         section = field.annotation
-        if isinstance(field.default, BaseModel):
+        if isinstance(field.default, BaseModel) and _is_section(section):
             # A file that sets one key of a section with a non-trivial default (SFTConfig.optim has
             # lr=1e-3) updates that default instead of replacing it with the section's field defaults.
-            out[name] = field.default.model_dump()
-        elif field.is_required() and isinstance(section, type) and issubclass(section, BaseModel):
+            out[name] = _dumped_defaults(field.default)
+        elif field.is_required() and _is_section(section):
             # A required section starts empty, so an error names its missing key (model.name), not "model".
-            out[name] = _defaults(section)
+            out[name] = _defaults(section)  # type: ignore[arg-type]
     return out
+
+
+def _is_section(annotation: Any) -> bool:
+    """A section of one class; not a union of them chosen by `type` (config/algorithms.py), whose
+    default must not lend keys to the type a file picks."""
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
+
+
+def _dumped_defaults(section: BaseModel) -> dict[str, Any]:
+    """`section`'s values, less those of its union-typed sections (`_is_section`)."""
+    fields = type(section).model_fields
+    return {
+        name: _dumped_defaults(value) if isinstance(value, BaseModel) else section.model_dump(include={name})[name]
+        for name, value in section
+        if not (isinstance(value, BaseModel) and not _is_section(fields[name].annotation))
+    }
 
 
 def _read_file(path: str) -> dict[str, Any]:
@@ -179,12 +231,11 @@ def _origin(loc: Loc, merged: dict[str, Any], layers: Layers) -> str:
     return ", ".join(names)
 
 
-def _describe(error: ValidationError, merged: dict[str, Any], layers: Layers) -> str:
+def _describe(error: ValidationError, merged: dict[str, Any], layers: Layers, cls: type[BaseModel]) -> str:
     """One line per problem, each naming the key and where its value came from."""
     lines = []
     for err in error.errors():
-        key = ".".join(str(part) for part in err["loc"])
-        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
+        key, msg = key_and_message(cls, err)
         if err["type"] == "missing":
             lines.append(f"{key}: required, set it in a config file or with --{key}")
         elif not key:  # a check across keys: its message names them
@@ -192,6 +243,49 @@ def _describe(error: ValidationError, merged: dict[str, Any], layers: Layers) ->
         else:
             lines.append(f"{key}: {msg} (from {_origin(err['loc'], merged, layers)})")
     return "\n".join(lines)
+
+
+def key_and_message(cls: Any, err: ErrorDetails) -> tuple[str, str]:
+    """The dotted key a validation error of `cls` (a section class, or a union of them) is about, as the
+    user writes it, and its message."""
+    keys, tag = user_key(cls, err["loc"])
+    unknown = f"unknown key of type {tag!r}" if tag else "unknown key"
+    msg = unknown if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
+    return ".".join(str(part) for part in keys), msg
+
+
+def user_key(cls: Any, loc: Loc) -> tuple[Loc, str | None]:
+    """`loc` as the user writes the key, without the tag pydantic adds where a section is chosen by
+    `type` (config/algorithms.py: trainer.loss.ppo.nrom is the user's trainer.loss.nrom), and that tag."""
+    out: list[int | str] = []
+    annotation: Any = cls
+    tag = None
+    for part in loc:
+        if _is_union_of_sections(annotation):
+            annotation = next((t for t in typing.get_args(annotation) if _tag(t) == part), None)
+            tag = str(part)
+            continue
+        out.append(part)
+        if typing.get_origin(annotation) is list and isinstance(part, int):
+            annotation = typing.get_args(annotation)[0]
+        elif isinstance(annotation, type) and issubclass(annotation, BaseModel) and part in annotation.model_fields:
+            annotation = annotation.model_fields[str(part)].annotation
+        else:
+            annotation = None
+    return tuple(out), tag
+
+
+def _is_union_of_sections(annotation: Any) -> bool:
+    members = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else ()
+    return bool(members) and all(_tag(t) is not None for t in members)
+
+
+def _tag(section: Any) -> str | None:
+    """The `type` a section class of a union stands for (config/algorithms.py), or None."""
+    if isinstance(section, type) and issubclass(section, BaseModel) and "type" in section.model_fields:
+        default = section.model_fields["type"].default
+        return default if isinstance(default, str) else None
+    return None
 
 
 def json_object(file: Path, key: str) -> dict[str, Any]:

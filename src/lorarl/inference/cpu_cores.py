@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import sys
 
-from lorarl.config.models import RLConfig
+from lorarl.config.run import RLConfig
 
 
 def available_cores() -> list[int]:

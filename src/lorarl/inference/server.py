@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import sys
 
-from lorarl.config.models import VLLM_LORA_RANKS, RLConfig
+from lorarl.config.common import VLLM_LORA_RANKS
+from lorarl.config.run import RLConfig
 from lorarl.host_memory import malloc_tunables
 from lorarl.inference.cpu_cores import pinned, worker_cores
+from lorarl.variants import variant_configs
 
 # vLLM worker extensions, imported by the worker processes only (they import vLLM): full fine-tuning's,
 # and LoRA ops on a CPU whose cost does not follow --max-lora-rank (cpu_lora.py).
@@ -28,7 +30,8 @@ def served_lora_rank(cfg: RLConfig, experts: bool) -> int:
     """vLLM's --max-lora-rank for the run: room for the largest adapter's rank, twice that with expert
     LoRA (`experts`: PEFT gives the fused gate_up_proj rank 2r, and vLLM refuses an adapter whose
     rank_pattern exceeds --max-lora-rank)."""
-    return vllm_max_lora_rank(cfg.max_lora_rank * (2 if experts else 1))
+    ranks = [c.lora.rank for _, c in variant_configs(cfg)] if cfg.variants else [cfg.lora.rank]
+    return vllm_max_lora_rank(max(ranks) * (2 if experts else 1))
 
 
 def adapter_slots(cfg: RLConfig) -> int:

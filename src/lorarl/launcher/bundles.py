@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from lorarl.config.models import RLConfig
+from lorarl.config.run import RLConfig
 from lorarl.launcher.placement import LOCAL, RAY, Placement, Slot
 from lorarl.run_folder import RunFolder
 

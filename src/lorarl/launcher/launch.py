@@ -5,7 +5,7 @@ Inference workers start first; the orchestrator and trainer start once every wor
 A worker that dies is restarted (`inference.max_restarts`); the orchestrator routes around it
 meanwhile. A trainer or orchestrator that dies restarts both from the latest complete checkpoint
 (`auto_resume`), keeping the workers, unless its exit code says a restart would end the same way
-(supervisor.ENDS_THAT_REPEAT). Any other failure stops every process, and the run ends
+(exit_codes.ENDS_THAT_REPEAT). Any other failure stops every process, and the run ends
 non-zero with the tail of the failing log. Ctrl-C or SIGTERM stops everything and leaves no
 process behind; `rl` then exits with 128 + the signal's number (130, 143), as a shell reports a
 process killed by it. On a Ray cluster (cluster.backend = "ray") the same loop drives `RayCluster`,
@@ -21,13 +21,14 @@ import time
 from collections import Counter
 from types import FrameType
 
-from lorarl.config.models import ResumeConfig, RLConfig
+from lorarl import exit_codes
+from lorarl.config.run import ResumeConfig, RLConfig
 from lorarl.inference.health import wait_until_healthy
 from lorarl.inference.server import worker_urls
 from lorarl.launcher.placement import Placement
 from lorarl.launcher.plan import ProcessSpec, plan_run
 from lorarl.launcher.ray_cluster import ClusterError, RayCluster  # imports Ray only once a run uses it
-from lorarl.launcher.supervisor import ENDS_THAT_REPEAT, Supervisor
+from lorarl.launcher.supervisor import Supervisor
 from lorarl.monitor.console import StepPrinter
 from lorarl.run_folder import RunFolder, RunFolderError
 
@@ -46,8 +47,9 @@ def _stop(signum: int, _frame: FrameType | None) -> None:
     raise Stop(signum)
 
 
-def launch(cfg: RLConfig, run: RunFolder, specs: list[ProcessSpec], placement: Placement) -> int:
-    """Start `specs` (in order), supervise them, stop them all; returns the exit code for `rl`."""
+def launch(cfg: RLConfig, auto_resume: int, run: RunFolder, specs: list[ProcessSpec], placement: Placement) -> int:
+    """Start `specs` (in order), supervise them, stop them all; returns the exit code for `rl`. `auto_resume`:
+    how often a dead trainer or orchestrator is resumed from the latest checkpoint (RLRunMode)."""
     signal.signal(signal.SIGINT, _stop)
     signal.signal(signal.SIGTERM, _stop)
     supervisor: Supervisor | RayCluster = Supervisor(run.logs)
@@ -59,13 +61,13 @@ def launch(cfg: RLConfig, run: RunFolder, specs: list[ProcessSpec], placement: P
             cfg = supervisor.cfg  # with each worker's own run folder, if they have their own (cluster.shared_fs)
             specs = plan_run(cfg, run, placement)  # the workers' addresses are known now
         log.info("placement (%s):\n%s", run.configs / "placement.txt", placement.table().rstrip())
-        return supervise(cfg, run, specs, supervisor, placement)
+        return supervise(cfg, auto_resume, run, specs, supervisor, placement)
     except Stop as e:
         log.info("%s: stopping every process of the run", e)
-        return 128 + e.signum
+        return exit_codes.for_signal(e.signum)
     except ClusterError as e:
         log.error("%s", e)
-        return 1
+        return exit_codes.FAILED
     finally:
         # Ignore further signals while stopping, so a second Ctrl-C cannot leave orphans.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -74,7 +76,12 @@ def launch(cfg: RLConfig, run: RunFolder, specs: list[ProcessSpec], placement: P
 
 
 def supervise(
-    cfg: RLConfig, run: RunFolder, specs: list[ProcessSpec], supervisor: Supervisor | RayCluster, placement: Placement
+    cfg: RLConfig,
+    auto_resume: int,
+    run: RunFolder,
+    specs: list[ProcessSpec],
+    supervisor: Supervisor | RayCluster,
+    placement: Placement,
 ) -> int:
     workers = [s for s in specs if s.role == "inference"]
     roles = [s for s in specs if s not in workers]
@@ -86,10 +93,10 @@ def supervise(
     try:
         wait_until_healthy(urls, cfg.inference.startup_timeout, alive=lambda: supervisor.failed() is None)
     except RuntimeError:
-        return report_failure(supervisor, *supervisor.failed() or ("inference", 1))
+        return report_failure(supervisor, *supervisor.failed() or ("inference", exit_codes.FAILED))
     except TimeoutError as e:
         log.error("%s (inference.startup_timeout)", e)
-        return 1
+        return exit_codes.FAILED
     log.info("inference ready; starting orchestrator and trainer")
     for spec in roles:
         start(supervisor, spec)
@@ -102,7 +109,7 @@ def supervise(
                 print(line, flush=True)
         if supervisor.finished([s.name for s in roles]):
             log.info("run finished: %s", run.root)
-            return 0
+            return exit_codes.OK
         if failed := supervisor.failed():
             name, code = failed
             if name in {s.name for s in workers} and restarts[name] < cfg.inference.max_restarts:
@@ -117,7 +124,7 @@ def supervise(
                 start(supervisor, next(s for s in workers if s.name == name))
             elif (
                 name in {s.name for s in roles}
-                and (step := auto_resume_step(cfg, run, code, restarts["roles"])) is not None
+                and (step := auto_resume_step(cfg, run, code, restarts["roles"], auto_resume)) is not None
             ):
                 restarts["roles"] += 1
                 log.warning(
@@ -126,7 +133,7 @@ def supervise(
                     code,
                     step,
                     restarts["roles"],
-                    cfg.auto_resume,
+                    auto_resume,
                 )
                 roles = resume_roles(cfg, run, roles, supervisor, placement)
             else:
@@ -134,12 +141,12 @@ def supervise(
         time.sleep(0.5)
 
 
-def auto_resume_step(cfg: RLConfig, run: RunFolder, code: int, restarts: int) -> int | None:
+def auto_resume_step(cfg: RLConfig, run: RunFolder, code: int, restarts: int, allowed: int) -> int | None:
     """The checkpoint that a trainer or orchestrator which exited with `code` is restarted from
     (auto_resume; the newest whole one, checksums verified, as they pick it; for a sweep, whole for
-    every variant), or None: `restarts` used up, no such checkpoint, or an exit code that says a
-    restart would end the same way."""
-    if code in ENDS_THAT_REPEAT or restarts >= cfg.auto_resume:
+    every variant), or None: the `allowed` restarts used up, no such checkpoint, or an exit code that
+    says a restart would end the same way."""
+    if code in exit_codes.ENDS_THAT_REPEAT or restarts >= allowed:
         return None
     try:
         return run.resume_step(None, [v.name for v in cfg.variants])
@@ -170,10 +177,10 @@ def report_failure(supervisor: Supervisor | RayCluster, name: str, code: int) ->
     (ENDS_THAT_REPEAT) is the last line of its log, its reason, and `rl` exits with its code: 2 for a
     refusal, as for any bad input; 3 for training stopped."""
     tail = supervisor.tail(name)
-    if code in ENDS_THAT_REPEAT and name in {"orchestrator", "trainer"} and tail.strip():
+    if code in exit_codes.ENDS_THAT_REPEAT and name in {"orchestrator", "trainer"} and tail.strip():
         log.error("%s: %s", name, tail.strip().splitlines()[-1].removeprefix("error: "))
         return code
     log.error(
         "%s exited with code %d; stopping the run. Last lines of %s:\n%s", name, code, supervisor.log_path(name), tail
     )
-    return 1
+    return exit_codes.FAILED

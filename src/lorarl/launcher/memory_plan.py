@@ -28,9 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lorarl.config.models import LoraConfig, RLConfig, SFTConfig
+from lorarl.config.model import LoraConfig
+from lorarl.config.run import RLConfig, RunMode
+from lorarl.config.sft import SFTConfig
 from lorarl.launcher.placement import visible_gpus
 from lorarl.model_shapes import transformers_config
+from lorarl.variants import variant_configs
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -225,7 +228,7 @@ def serves_expert_lora(cfg: RLConfig) -> bool:
     vLLM loads in PEFT's layout only with --enable-mixed-moe-lora-format (docs/moe.md)."""
     if cfg.model.full_finetune:
         return False
-    return any(expert_lora(c.model.name, c.lora) for c in [c for _, c in cfg.variant_configs()] or [cfg])
+    return any(expert_lora(c.model.name, c.lora) for c in [c for _, c in variant_configs(cfg)] or [cfg])
 
 
 @functools.cache
@@ -345,14 +348,18 @@ def vllm_parts(
 # ---- the plans of rl and sft ------------------------------------------------------------------
 
 
-def rl_memory_plan(cfg: RLConfig, placement: Placement) -> MemoryPlan:
-    """The plan of every process of `rl @ cfg` placed as `placement`."""
+def rl_memory_plan(
+    cfg: RLConfig, placement: Placement, device_memory_gib: float | None = None, gpus: int | None = None
+) -> MemoryPlan:
+    """The plan of every process of `rl @ cfg` placed as `placement`. `device_memory_gib`: each GPU's
+    memory as RunMode gives it (None: as `device_memory` finds it); `gpus`: this machine's GPUs, or those
+    a dry run pretends (None: the placement's)."""
     shape = model_shape(cfg.model.name)
     if shape is None:
         return MemoryPlan(f"memory plan: none, the shape of {cfg.model.name} is unknown here (no config.json found)")
     # Ray bundles ask for GPUs where this machine has them or a dry run pretends to (bundles.py).
-    on_gpu = placement.on_gpu or (placement.ray and visible_gpus(cfg) > 0)
-    device_gib, how = device_memory(cfg) if on_gpu else (ram_gib(), "")
+    on_gpu = placement.on_gpu or (placement.ray and (gpus if gpus is not None else placement.gpus) > 0)
+    device_gib, how = device_memory(device_memory_gib, placement.pretended) if on_gpu else (ram_gib(), "")
     plan = MemoryPlan(_header(shape, device_gib, how))
     adapter = _rl_adapter(cfg, shape)
     for slot in placement.slots:
@@ -368,7 +375,7 @@ def rl_memory_plan(cfg: RLConfig, placement: Placement) -> MemoryPlan:
 def _rl_adapter(cfg: RLConfig, shape: ModelShape) -> int | None:
     if cfg.model.full_finetune:
         return None
-    configs = [c for _, c in cfg.variant_configs()] if cfg.variants else [cfg]
+    configs = [c for _, c in variant_configs(cfg)] if cfg.variants else [cfg]
     return sum(adapter_parameters(shape.name, c.lora) for c in configs)
 
 
@@ -389,14 +396,14 @@ def _millions(n: int) -> str:
     return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
 
 
-def device_memory(cfg: RLConfig | SFTConfig) -> tuple[float, str]:
-    """Memory per GPU and where that figure comes from: device_memory_gib, else (GPUs pretended by a
-    dry run, or none here) DEFAULT_DEVICE_GIB, else torch's smallest GPU."""
-    if cfg.device_memory_gib is not None:
-        return cfg.device_memory_gib, "device_memory_gib"
+def device_memory(given: float | None, pretended: bool) -> tuple[float, str]:
+    """Memory per GPU and where that figure comes from: `given` (device_memory_gib), else (GPUs
+    `pretended` by a dry run, or none here) DEFAULT_DEVICE_GIB, else torch's smallest GPU."""
+    if given is not None:
+        return given, "device_memory_gib"
     import torch
 
-    if cfg.dry_run_devices is not None or not torch.cuda.is_available():
+    if pretended or not torch.cuda.is_available():
         return DEFAULT_DEVICE_GIB, "assumed: device_memory_gib sets it"
     sizes = [torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count())]
     return min(sizes) / GIB, "as torch reports them"
@@ -533,14 +540,15 @@ def _check_ram(plan: MemoryPlan, ram: float) -> None:
         )
 
 
-def sft_memory_plan(cfg: SFTConfig) -> MemoryPlan:
-    """The plan of `sft @ cfg`: its data-parallel ranks, each on a GPU of its own (or the CPU)."""
-    gpus = visible_gpus(cfg)
+def sft_memory_plan(cfg: SFTConfig, mode: RunMode) -> MemoryPlan:
+    """The plan of `sft @ cfg` run as `mode`: its data-parallel ranks, each on a GPU of its own (or the CPU)."""
+    gpus = visible_gpus(mode)
     shape = model_shape(cfg.model.name)
     if shape is None:
         return MemoryPlan(f"memory plan: none, the shape of {cfg.model.name} is unknown here (no config.json found)")
     on_gpu = gpus > 0
-    device_gib, how = device_memory(cfg) if on_gpu else (ram_gib(), "")
+    pretended = mode.dry_run_devices is not None
+    device_gib, how = device_memory(mode.device_memory_gib, pretended) if on_gpu else (ram_gib(), "")
     plan = MemoryPlan(_header(shape, device_gib, how))
     adapter = None if cfg.model.lora is None else adapter_parameters(shape.name, cfg.model.lora)
     shards = cfg.parallel.dp if cfg.parallel.fsdp else 1

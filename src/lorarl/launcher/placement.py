@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from lorarl.config.models import RLConfig, SFTConfig
+from lorarl.config.run import RLConfig, RunMode
 from lorarl.run_folder import RunFolder
 
 LOCAL = "local"  # the node of every process on the local backend
@@ -114,9 +114,9 @@ class Placement:
         return "\n".join(lines) + "\n"
 
 
-def place(cfg: RLConfig, gpus: int) -> Placement:
-    """Where every process of `rl @ cfg` goes on a machine with `gpus` GPUs (0: none), or
-    `PlacementError` if that cannot work."""
+def place(cfg: RLConfig, gpus: int, pretended: bool = False) -> Placement:
+    """Where every process of `rl @ cfg` goes on a machine with `gpus` GPUs (0: none; `pretended` by a
+    dry run, RunMode.dry_run_devices), or `PlacementError` if that cannot work."""
     if gpus < 0:
         raise PlacementError(f"a machine cannot have {gpus} GPUs")
     inf, trainer = cfg.inference, cfg.trainer
@@ -155,7 +155,7 @@ def place(cfg: RLConfig, gpus: int) -> Placement:
         external=tuple(sorted(vllm)) if inf.urls else (),
         idle=tuple(g for g in range(gpus) if g not in {*vllm, *trainer_gpus}),
         memory_fraction=inf.memory_fraction,
-        pretended=cfg.dry_run_devices is not None,
+        pretended=pretended,
         time_share=time_share,
     )
 
@@ -243,10 +243,10 @@ def cuda_visible_devices(gpus: tuple[int, ...], parent: str | None) -> str:
     return ",".join(entries[g] for g in gpus)
 
 
-def worker_gpus(cfg: RLConfig, worker: int) -> str | None:
+def worker_gpus(cfg: RLConfig, mode: RunMode, worker: int) -> str | None:
     """CUDA_VISIBLE_DEVICES of `lorarl-inference --worker i`: the GPUs `rl` would give worker i (whatever
     inference.urls says); None on a machine without GPUs."""
-    gpus = visible_gpus(cfg)
+    gpus = visible_gpus(mode)
     if gpus == 0:
         if cfg.inference.gpu_ids is not None:
             raise PlacementError(f"inference.gpu_ids = {cfg.inference.gpu_ids}, but this machine has no GPU")
@@ -256,15 +256,15 @@ def worker_gpus(cfg: RLConfig, worker: int) -> str | None:
             f"--worker {worker}: inference.num_workers = {cfg.inference.num_workers} has workers "
             f"0-{cfg.inference.num_workers - 1}, and only their GPUs are placed"
         )
-    parent = None if cfg.dry_run_devices is not None else os.environ.get("CUDA_VISIBLE_DEVICES")
+    parent = None if mode.dry_run_devices is not None else os.environ.get("CUDA_VISIBLE_DEVICES")
     return cuda_visible_devices(inference_gpus(cfg, gpus)[worker], parent)
 
 
-def visible_gpus(cfg: RLConfig | SFTConfig) -> int:
+def visible_gpus(mode: RunMode) -> int:
     """The GPUs `rl` places processes on (and `sft`'s memory plan its ranks): torch's count, or what a
     dry run pretends (dry_run_devices)."""
-    if cfg.dry_run_devices is not None:
-        return cfg.dry_run_devices
+    if mode.dry_run_devices is not None:
+        return mode.dry_run_devices
     import torch
 
     return torch.cuda.device_count()

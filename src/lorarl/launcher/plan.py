@@ -9,11 +9,11 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from lorarl.config.models import RLConfig
+from lorarl.config.run import RLConfig
 from lorarl.inference.cpu_cores import available_cores, trainer_threads
 from lorarl.inference.server import vllm_command, vllm_env, worker_urls
 from lorarl.launcher.memory_plan import serves_expert_lora
-from lorarl.launcher.placement import Placement, cuda_visible_devices, visible_gpus
+from lorarl.launcher.placement import Placement, cuda_visible_devices
 from lorarl.run_folder import RunFolder
 from lorarl.written import record_written
 
@@ -42,9 +42,9 @@ class ProcessSpec:
         return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in self.env.items()), shlex.join(self.cmd)])
 
 
-def worker_command(cfg: RLConfig, worker: int = 0, host: str | None = None) -> list[str]:
-    """vLLM worker `worker`'s command on this machine (its GPU count, or dry_run_devices)."""
-    return vllm_command(cfg, worker, host, gpus=visible_gpus(cfg), experts=serves_expert_lora(cfg))
+def worker_command(cfg: RLConfig, gpus: int, worker: int = 0, host: str | None = None) -> list[str]:
+    """vLLM worker `worker`'s command on a machine with `gpus` GPUs (or a dry run's dry_run_devices)."""
+    return vllm_command(cfg, worker, host, gpus=gpus, experts=serves_expert_lora(cfg))
 
 
 def plan_run(cfg: RLConfig, run: RunFolder, placement: Placement) -> list[ProcessSpec]:
@@ -71,7 +71,7 @@ def plan_run(cfg: RLConfig, run: RunFolder, placement: Placement) -> list[Proces
             json.dumps(role_cfg.model_dump(mode="json", include=include), indent=2) + "\n"
         )
     # A dry run's pretended GPUs are not this machine's: its CUDA_VISIBLE_DEVICES does not map them.
-    parent = None if cfg.dry_run_devices is not None else os.environ.get("CUDA_VISIBLE_DEVICES")
+    parent = None if placement.pretended else os.environ.get("CUDA_VISIBLE_DEVICES")
 
     def gpus(name: str) -> str | None:
         return cuda_visible_devices(placement[name].gpus, parent) if placement.on_gpu else None
@@ -79,7 +79,7 @@ def plan_run(cfg: RLConfig, run: RunFolder, placement: Placement) -> list[Proces
     specs = [
         ProcessSpec(
             f"inference-{i}",
-            worker_command(cfg, i, hosts[i] if hosts else None),
+            worker_command(cfg, placement.gpus, i, hosts[i] if hosts else None),
             vllm_env(cfg, gpus(f"inference-{i}")),
             role="inference",
         )

@@ -28,8 +28,11 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from lorarl.config.algorithms import CustomAdvantage, CustomLoss
 from lorarl.config.loader import json_object
-from lorarl.config.models import LoraConfig, ModelConfig, RLConfig, SFTConfig
+from lorarl.config.model import LoraConfig, ModelConfig
+from lorarl.config.run import RLConfig, RLRunMode, RunMode
+from lorarl.config.sft import SFTConfig
 from lorarl.inference.health import check_served_model
 from lorarl.inference.server import adapter_slots, given_max_loras
 from lorarl.launcher.bundles import plan_bundles, ray_placement
@@ -44,9 +47,12 @@ from lorarl.launcher.memory_plan import (
 )
 from lorarl.launcher.placement import Placement, place, visible_gpus
 from lorarl.orchestrator import envs
-from lorarl.orchestrator.envs import EnvArgsError, check_environment
-from lorarl.plugins import PluginError, PluginKind, load_function
+from lorarl.orchestrator.advantages import import_estimator
+from lorarl.orchestrator.envs import check_environment
+from lorarl.plugins import ArgsError, PluginError
+from lorarl.trainer.losses import policy_term
 from lorarl.trainer.model import check_init_adapter, check_lora_for_rl
+from lorarl.variants import variant_configs
 
 _HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 _RAY_ADDRESS = re.compile(r"^(auto|(ray://)?[\w.-]+:\d+)$")
@@ -63,10 +69,12 @@ class PreflightError(Exception):
     """A config that cannot run; str() is one line for the user."""
 
 
-def check_rl(cfg: RLConfig, gpus: int) -> Placement:
-    """Every check of `rl @ cfg` on a machine with `gpus` GPUs; returns where each process goes."""
+def check_rl(cfg: RLConfig, mode: RLRunMode) -> Placement:
+    """Every check of `rl @ cfg` run as `mode` on this machine's GPUs (or those a dry run pretends);
+    returns where each process goes."""
+    gpus = visible_gpus(mode)
     check_model(cfg.model.name)
-    check_cluster(cfg)
+    check_cluster(cfg, mode.auto_resume)
     try:
         # A server of inference.urls must be vLLM serving model.name (a ServerCheckError is a ValueError).
         for url in cfg.inference.urls:
@@ -74,24 +82,26 @@ def check_rl(cfg: RLConfig, gpus: int) -> Placement:
         check_adapter_slots(cfg)
         # On Ray, a dry run shows GPU bundles when this machine has GPUs (or pretends to); a run asks the cluster.
         placement = (
-            ray_placement(cfg, plan_bundles(cfg, gpus > 0)) if cfg.cluster.backend == "ray" else place(cfg, gpus)
+            ray_placement(cfg, plan_bundles(cfg, gpus > 0))
+            if cfg.cluster.backend == "ray"
+            else place(cfg, gpus, pretended=mode.dry_run_devices is not None)
         )
     except ValueError as e:  # PlacementError too
         raise PreflightError(str(e)) from None
     # The run's adapter, or each variant's (its effective config), named in the message.
-    adapters = [(f"variant {name!r}: ", c) for name, c in cfg.variant_configs()] or [("", cfg)]
+    adapters = [(f"variant {name!r}: ", c) for name, c in variant_configs(cfg)] or [("", cfg)]
     for where, adapter_cfg in adapters:
         try:
             check_adapter(adapter_cfg)
             check_model_loads(adapter_cfg.model, placement.on_gpu)
             check_expert_lora_served(adapter_cfg, placement)
-            check_prompts(adapter_cfg, user_code=not cfg.dry_run)
+            check_prompts(adapter_cfg, user_code=not mode.dry_run)
         except PreflightError as e:
             raise PreflightError(f"{where}{e}") from None
     warn_single_rollout_groups(cfg)
     if not cfg.inference.urls and cfg.cluster.backend == "local":  # Ray's workers listen on their own nodes
         check_ports(cfg.inference.host, cfg.inference.port, cfg.inference.num_workers)
-    check_memory(lambda: rl_memory_plan(cfg, placement))
+    check_memory(lambda: rl_memory_plan(cfg, placement, mode.device_memory_gib, gpus))
     return placement
 
 
@@ -117,8 +127,7 @@ def check_adapter(cfg: RLConfig) -> None:
     except ValueError as e:
         raise PreflightError(str(e)) from None
     check_environments(cfg)
-    check_function(cfg.trainer.loss.loss_fn, "trainer.loss.loss_fn", "loss")
-    check_function(cfg.orchestrator.advantage.fn, "orchestrator.advantage.fn", "advantage")
+    check_algorithms(cfg)
 
 
 def check_expert_lora_served(cfg: RLConfig, placement: Placement) -> None:
@@ -139,8 +148,8 @@ def check_expert_lora_served(cfg: RLConfig, placement: Placement) -> None:
         )
 
 
-def check_cluster(cfg: RLConfig) -> None:
-    """[cluster] asks for something this config and machine can do."""
+def check_cluster(cfg: RLConfig, auto_resume: int = 0) -> None:
+    """[cluster] asks for something this config and machine can do (`auto_resume`: RLRunMode's)."""
     cluster, inf = cfg.cluster, cfg.inference
     if cluster.backend == "local":
         for key in ("address", "trainer_resources", "inference_resources"):
@@ -171,7 +180,7 @@ def check_cluster(cfg: RLConfig) -> None:
             'inference.api_key is required with cluster.backend = "ray": the vLLM servers rl starts '
             "listen on their nodes' addresses, reachable from other machines"
         )
-    if not cluster.shared_fs and (cfg.auto_resume or cfg.resume is not None):
+    if not cluster.shared_fs and (auto_resume or cfg.resume is not None):
         raise PreflightError(
             f"{'--resume' if cfg.resume is not None else '--auto_resume'}: with cluster.shared_fs = false the "
             "trainer's checkpoints stay on its node; resume needs a shared run folder (cluster.shared_fs = true)"
@@ -184,7 +193,7 @@ def warn_single_rollout_groups(cfg: RLConfig) -> None:
     """Groups of one with a custom estimator: legitimate if it needs no group (the config refuses them
     with the built-in estimators), but a baseline from the group would make every advantage 0."""
     orch = cfg.orchestrator
-    if orch.rollouts_per_example == 1 and orch.advantage.fn is not None:
+    if orch.rollouts_per_example == 1 and isinstance(orch.advantage, CustomAdvantage):
         log.warning(
             "orchestrator.rollouts_per_example = 1: advantage.fn %r gets one reward per group; an advantage "
             "relative to the group's would be 0 and train nothing",
@@ -192,21 +201,21 @@ def warn_single_rollout_groups(cfg: RLConfig) -> None:
         )
 
 
-def check_sft(cfg: SFTConfig) -> None:
+def check_sft(cfg: SFTConfig, mode: RunMode) -> None:
     check_model(cfg.model.name)
     try:
         if cfg.model.lora is not None:
             check_init_adapter(cfg.model.lora)
     except ValueError as e:
         raise PreflightError(str(e)) from None
-    check_model_loads(cfg.model, visible_gpus(cfg) > 0)
+    check_model_loads(cfg.model, visible_gpus(mode) > 0)
     from lorarl.trainer.sft_data import read_sft_data  # loads torch: only once the config is valid
 
     # Every record parses (format, UTF-8, roles, no blank turns, loss tokens, eval apart): cheap next to
     # training, and a data mistake then stops the run before its folder is touched (DataError).
     # Tokenizing waits for the trainer.
     read_sft_data(cfg.data)
-    check_memory(lambda: sft_memory_plan(cfg))
+    check_memory(lambda: sft_memory_plan(cfg, mode))
 
 
 def check_memory(make_plan: Callable[[], MemoryPlan]) -> None:
@@ -434,24 +443,32 @@ def check_environments(cfg: RLConfig) -> None:
     for i, env in enumerate(cfg.orchestrator.env):
         try:
             check_environment(env.id, env.args)
-        except EnvArgsError as e:
+        except ArgsError as e:
             raise PreflightError(f"orchestrator.env[{i}].{e}") from None
         except (ValueError, TypeError, ImportError, AttributeError) as e:
             raise PreflightError(f"orchestrator.env[{i}] id {env.id!r}: {e}") from None
 
 
-def check_function(spec: str | None, key: str, kind: PluginKind) -> None:
-    """A user function the config names at `key` (a custom loss, an advantage estimator:
-    "package.module:function") imports and is declared a `kind` plugin, so that a typo stops `rl` now
-    rather than the trainer or orchestrator later, and no undeclared function is ever called. Looked up
-    from the working directory, as they (started there by `rl`) will."""
-    if spec is None:
-        return
-    _working_directory_importable()
-    try:
-        load_function(spec, key, kind)
-    except PluginError as e:
-        raise PreflightError(str(e)) from None
+def check_algorithms(cfg: RLConfig) -> None:
+    """A custom loss or advantage estimator (type "custom") imports, is declared a plugin of its kind and
+    takes its `args`, so that a typo stops `rl` now rather than the trainer or orchestrator later, and no
+    undeclared function is ever called. Looked up from the working directory, as they (started there by
+    `rl`) will."""
+    loss, advantage = cfg.trainer.loss, cfg.orchestrator.advantage
+    checks = [
+        ("trainer.loss", lambda: policy_term(loss)) if isinstance(loss, CustomLoss) else None,
+        ("orchestrator.advantage", lambda: import_estimator(advantage))
+        if isinstance(advantage, CustomAdvantage)
+        else None,
+    ]
+    for key, check in filter(None, checks):
+        _working_directory_importable()
+        try:
+            check()
+        except PluginError as e:
+            raise PreflightError(str(e)) from None
+        except ArgsError as e:
+            raise PreflightError(f"{key}.{e}") from None
 
 
 def _working_directory_importable() -> None:

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from lorarl.config.models import RLConfig
+from lorarl.config.run import RLConfig
 from lorarl.launcher.bundles import Bundle, plan_bundles, ray_placement
 from lorarl.launcher.placement import Placement
 from lorarl.launcher.plan import ProcessSpec

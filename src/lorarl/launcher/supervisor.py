@@ -28,13 +28,6 @@ from lorarl.launcher.plan import ProcessSpec
 from lorarl.written import record_written
 
 log = logging.getLogger("lorarl.rl")
-# Exit codes by which the trainer and orchestrator say that a restart would end the same way, so that
-# `rl` does not restart them (auto_resume) and shows the last line of their log, their reason: REFUSED,
-# what they found is refused (a run_name another run's adapters hold, a server that is not vLLM);
-# TRAINING_STOPPED, training went wrong beyond repair (trainer/skeleton.py's TrainingStopped).
-REFUSED = 2
-TRAINING_STOPPED = 3
-ENDS_THAT_REPEAT = (REFUSED, TRAINING_STOPPED)
 KILL_WAIT = 5.0  # seconds for SIGKILLed processes to be gone (their memory freed) before a restart
 
 

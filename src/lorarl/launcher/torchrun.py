@@ -15,7 +15,7 @@ import sys
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import main as torchrun_main
 
-from lorarl.launcher.supervisor import ENDS_THAT_REPEAT
+from lorarl import exit_codes
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -28,10 +28,10 @@ def main(argv: list[str] | None = None) -> None:
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
         code = failure.exitcode
-        if code not in ENDS_THAT_REPEAT:  # those ranks said why in one line; a crash left its traceback
+        if code not in exit_codes.ENDS_THAT_REPEAT:  # those ranks said why in one line; a crash left its traceback
             how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
             print(f"error: rank {rank} of {e.name} {how}; the other ranks were stopped", file=sys.stderr)
-        raise SystemExit(code if code > 0 else 128 - code) from None
+        raise SystemExit(code if code > 0 else exit_codes.for_signal(-code)) from None
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lorarl.config.models import MonitorConfig
+from lorarl.config.run import MonitorConfig
 from lorarl.written import record_written
 
 

@@ -1,10 +1,11 @@
 """Advantages: each rollout's reward against the other rollouts of the same example.
 
-`[orchestrator.advantage]` picks the estimator: `estimator` names a built-in, `fn`
-("package.module:function") one of your own. Every estimator maps a group's rewards (and, if it
-wants them, its episodes) to one advantage per rollout; `advantage_estimator` returns the one the
-config asks for, with the same signature for all. `GroupAdvantages` is the loop's stage around it:
-overlong shaping of the rewards before, masking of truncated episodes after (overlong.py).
+`[orchestrator.advantage] type` picks the estimator (config/algorithms.py): a built-in here, or
+"custom" with `fn` ("package.module:function") and `args`. Both are the same kind of object, a function
+declared `@lorarl.plugin("advantage")` that maps a group's rewards (and, if it takes them, its episodes)
+to one advantage per rollout, its config's keys as keyword arguments; `advantage_estimator` returns the
+one the config asks for, with the same signature for all. `GroupAdvantages` is the loop's stage around
+it: overlong shaping of the rewards before, masking of truncated episodes after (overlong.py).
 """
 
 from __future__ import annotations
@@ -13,24 +14,26 @@ import inspect
 import math
 import statistics
 from collections.abc import Callable, Sequence
-from typing import Protocol, cast
+from typing import Any, Protocol, cast
 
-from lorarl.config.models import AdvantageConfig, OrchestratorConfig
+from lorarl.config.algorithms import AdvantageConfig, CustomAdvantage
+from lorarl.config.orchestrator import OrchestratorConfig
 from lorarl.orchestrator.episodes import PlayedEpisode
 from lorarl.orchestrator.groups import Group
 from lorarl.orchestrator.overlong import PENALTY_KEY, mask_truncated, overlong_penalty
-from lorarl.plugins import load_function
+from lorarl.plugins import fit_args, load_function, plugin
 
 Estimator = Callable[[list[float], Sequence[PlayedEpisode]], list[float]]
 
 
 class AdvantageFn(Protocol):
-    """`[orchestrator.advantage] fn = "package.module:function"`, declared `@lorarl.plugin("advantage")`:
-    one finite advantage per reward of a group (the rollouts of one example), from the rewards (less
-    any overlong penalty) and the group's episodes, in the same order. A function of the rewards
-    alone (one parameter) is called without the episodes."""
+    """An advantage estimator, built in or yours (`[orchestrator.advantage] type = "custom"`,
+    `fn = "package.module:function"`, declared `@lorarl.plugin("advantage")`): one finite advantage per
+    reward of a group (the rollouts of one example), from the rewards (less any overlong penalty) and
+    the group's episodes, in the same order, and the keyword arguments of its config (`args`). A
+    function of the rewards alone (one positional parameter) is called without the episodes."""
 
-    def __call__(self, rewards: list[float], episodes: list[PlayedEpisode], /) -> Sequence[float]: ...
+    def __call__(self, rewards: list[float], episodes: list[PlayedEpisode], /, **kwargs: Any) -> Sequence[float]: ...
 
 
 def _tied(rewards: list[float]) -> bool:
@@ -38,20 +41,27 @@ def _tied(rewards: list[float]) -> bool:
     return max(rewards) == min(rewards)
 
 
-def group_advantages(rewards: list[float], std_normalize: bool = True, eps: float = 1e-6) -> list[float]:
-    """GRPO (r_i - mean) / (std + eps) or, without std_normalize, Dr. GRPO's r_i - mean. Exactly 0
-    for a tied group (float rounding of the mean could otherwise leave crumbs)."""
+@plugin("advantage")
+def grpo(rewards: list[float], *, eps: float = 1e-6) -> list[float]:
+    """GRPO: (r_i - mean) / (std + eps); exactly 0 for a tied group (float rounding of the mean could
+    otherwise leave crumbs)."""
+    if _tied(rewards):
+        return [0.0] * len(rewards)
+    std = statistics.pstdev(rewards)
+    return [c / (std + eps) for c in dr_grpo(rewards)]
+
+
+@plugin("advantage")
+def dr_grpo(rewards: list[float]) -> list[float]:
+    """Dr. GRPO: r_i - mean, unscaled; exactly 0 for a tied group."""
     if _tied(rewards):
         return [0.0] * len(rewards)
     mean = statistics.fmean(rewards)
-    centered = [r - mean for r in rewards]
-    if not std_normalize:
-        return centered
-    std = statistics.pstdev(rewards)
-    return [c / (std + eps) for c in centered]
+    return [r - mean for r in rewards]
 
 
-def leave_one_out_advantages(rewards: list[float]) -> list[float]:
+@plugin("advantage")
+def rloo(rewards: list[float]) -> list[float]:
     """RLOO: r_i - the mean of the others' rewards, i.e. n / (n - 1) * (r_i - mean); 0 for a group of one."""
     n = len(rewards)
     if n < 2 or _tied(rewards):
@@ -60,20 +70,18 @@ def leave_one_out_advantages(rewards: list[float]) -> list[float]:
     return [r - (total - r) / (n - 1) for r in rewards]
 
 
-BUILTIN: dict[str, Callable[[list[float]], list[float]]] = {
-    "grpo": lambda rewards: group_advantages(rewards, std_normalize=True),
-    "dr_grpo": lambda rewards: group_advantages(rewards, std_normalize=False),
-    "rloo": leave_one_out_advantages,
-}
+BUILTIN: dict[str, Callable[..., list[float]]] = {fn.__name__: fn for fn in (grpo, dr_grpo, rloo)}
 
 
 def advantage_estimator(cfg: AdvantageConfig) -> Estimator:
-    """The estimator of `cfg`: a built-in, or `cfg.fn` imported (an error names it if it cannot be).
-    The result checks what a user function returns: one finite number per reward."""
-    if cfg.fn is None:
-        builtin = BUILTIN[cfg.estimator]
-        return lambda rewards, episodes: builtin(rewards)
-    fn = _import_fn(cfg.fn)
+    """The estimator of `cfg`: a built-in with its keys, or `cfg.fn` imported with its args (an error
+    names it if it cannot be). The result checks what a user function returns: one finite number per
+    reward."""
+    if not isinstance(cfg, CustomAdvantage):
+        builtin = BUILTIN[cfg.type]
+        kwargs = cfg.model_dump(exclude={"type"})
+        return lambda rewards, episodes: builtin(rewards, **kwargs)
+    fn = import_estimator(cfg)
 
     def user_estimator(rewards: list[float], episodes: Sequence[PlayedEpisode]) -> list[float]:
         out = fn(list(rewards), list(episodes))
@@ -91,15 +99,18 @@ def advantage_estimator(cfg: AdvantageConfig) -> Estimator:
     return user_estimator
 
 
-def _import_fn(spec: str) -> AdvantageFn:
-    """The function `package.module:function` names (declared `@lorarl.plugin("advantage")`, so a Python
-    function with a signature), called with the episodes only if it takes a second argument."""
-    fn = load_function(spec, "orchestrator.advantage.fn", "advantage")
+def import_estimator(cfg: CustomAdvantage) -> Callable[[list[float], list[PlayedEpisode]], Sequence[float]]:
+    """The function `cfg.fn` names (declared `@lorarl.plugin("advantage")`, so a Python function with a
+    signature) with `cfg.args` checked against it, called with the episodes only if it takes a second
+    positional argument. Raises PluginError or ArgsError, one line naming the key."""
+    fn = load_function(cfg.fn, "orchestrator.advantage.fn", "advantage")
     params = inspect.signature(fn).parameters.values()
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    if len(positional) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in params):
-        return cast(AdvantageFn, fn)
-    return lambda rewards, episodes: fn(rewards)
+    with_episodes = len(positional) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in params)
+    kwargs = fit_args(fn, cfg.args, leading=2 if with_episodes else 1)
+    if with_episodes:
+        return lambda rewards, episodes: cast(AdvantageFn, fn)(rewards, episodes, **kwargs)
+    return lambda rewards, episodes: fn(rewards, **kwargs)
 
 
 class GroupAdvantages:

@@ -17,7 +17,7 @@ import statistics
 from collections import Counter, OrderedDict
 from typing import Any, Literal
 
-from lorarl.config.models import DifficultyFilterConfig
+from lorarl.config.orchestrator import DifficultyFilterConfig
 from lorarl.orchestrator.envs.base import Environment, Example
 from lorarl.orchestrator.groups import Group
 from lorarl.orchestrator.sampler import ExampleSampler

@@ -22,7 +22,7 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from lorarl.chat import encode_chat
-from lorarl.config.models import SamplingConfig
+from lorarl.config.orchestrator import SamplingConfig
 from lorarl.inference.client import Completion
 from lorarl.inference.pool import WorkerPool
 from lorarl.orchestrator.envs.base import Environment, Episode, Example, Message

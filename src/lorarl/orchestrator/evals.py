@@ -15,7 +15,7 @@ import statistics
 from collections.abc import Awaitable, Callable
 from itertools import islice
 
-from lorarl.config.models import EvalConfig
+from lorarl.config.orchestrator import EvalConfig
 from lorarl.orchestrator.envs.base import Environment, Example
 
 # (env, example, n) -> the n rewards of one group, played with the newest policy.

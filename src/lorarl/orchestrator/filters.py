@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lorarl.config.models import OrchestratorConfig
+from lorarl.config.orchestrator import OrchestratorConfig
 from lorarl.orchestrator.groups import Group
 
 

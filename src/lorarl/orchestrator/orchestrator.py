@@ -29,7 +29,8 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from lorarl.config.models import RLConfig
+from lorarl.config.run import RLConfig
+from lorarl.exit_codes import BAD_INPUT
 from lorarl.inference.health import ServerCheckError, check_served_model, wait_until_healthy
 from lorarl.inference.pool import WorkerPool
 from lorarl.inference.server import worker_urls
@@ -114,7 +115,7 @@ def check_given_servers(cfg: RLConfig, strict: bool) -> None:
         except ServerCheckError as e:
             if strict or e.answered:
                 print(f"error: {e}", file=sys.stderr)
-                raise SystemExit(2) from None
+                raise SystemExit(BAD_INPUT) from None
 
 
 def build_orchestrators(cfg: RLConfig, pool: WorkerPool, tokenizer: PreTrainedTokenizerBase) -> list[Orchestrator]:

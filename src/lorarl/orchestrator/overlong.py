@@ -10,7 +10,7 @@ Two remedies from DAPO, each optional:
 
 from __future__ import annotations
 
-from lorarl.config.models import OverlongConfig
+from lorarl.config.orchestrator import OverlongConfig
 from lorarl.orchestrator.episodes import PlayedEpisode
 from lorarl.orchestrator.groups import Group
 

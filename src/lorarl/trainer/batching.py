@@ -11,14 +11,21 @@ import torch
 
 @dataclass
 class TrainSample:
-    """One training sample: `input_ids`, and per input token whether it carries loss, plus an
-    optional per-token float (the sampler's logprob) aligned with `input_ids`."""
+    """One training sample: `input_ids`, and per input token whether it carries loss, plus optional
+    per-token floats aligned with `input_ids`: the sampler's logprob, and an advantage of each token
+    (`token_advantages`, where tokens of one sample weigh differently, as a Tinker API client sends
+    them) in place of the sample's one `advantage`."""
 
     input_ids: list[int]
     loss_mask: list[bool]
     old_logprobs: list[float] | None = None
     advantage: float = 0.0
     temperature: float = 1.0
+    token_advantages: list[float] | None = None
+
+    def advantages(self) -> list[float]:
+        """The advantage of each input token: `token_advantages`, or the sample's on every token."""
+        return self.token_advantages if self.token_advantages is not None else [self.advantage] * len(self.input_ids)
 
     @classmethod
     def no_loss(cls, pad_id: int) -> TrainSample:
@@ -37,7 +44,7 @@ class MicroBatch:
     # The rest are aligned with the *targets* input_ids[:, 1:]: [B, T-1].
     loss_mask: torch.Tensor
     old_logprobs: torch.Tensor
-    advantages: torch.Tensor  # [B]
+    token_advantages: torch.Tensor  # the advantage of each target (its sample's, in `rl`)
     temperature: float
 
     def to(self, device: torch.device) -> MicroBatch:
@@ -46,7 +53,7 @@ class MicroBatch:
             self.attention_mask.to(device),
             self.loss_mask.to(device),
             self.old_logprobs.to(device),
-            self.advantages.to(device),
+            self.token_advantages.to(device),
             self.temperature,
         )
 
@@ -59,11 +66,6 @@ class MicroBatch:
         """The sample of each target, [B, T-1]: its row."""
         rows = torch.arange(self.num_samples, device=self.loss_mask.device)
         return rows[:, None].expand_as(self.loss_mask)
-
-    @property
-    def token_advantages(self) -> torch.Tensor:
-        """The advantage of each target's sample: [B, T-1]."""
-        return self.advantages[:, None].expand_as(self.loss_mask)
 
     def forward_inputs(self, model: torch.nn.Module) -> dict[str, Any]:
         """Keyword arguments of `model(...)`. Padded rows need only their padding mask, whatever the
@@ -93,6 +95,7 @@ def _collate(samples: Sequence[TrainSample], pad_id: int, temperature: float) ->
     attn = torch.zeros((len(samples), width), dtype=torch.long)
     loss_mask = torch.zeros((len(samples), width), dtype=torch.bool)
     old = torch.zeros((len(samples), width), dtype=torch.float32)
+    advantages = torch.zeros((len(samples), width), dtype=torch.float32)
     for i, s in enumerate(samples):
         n = len(s.input_ids)
         ids[i, :n] = torch.tensor(s.input_ids)
@@ -100,11 +103,12 @@ def _collate(samples: Sequence[TrainSample], pad_id: int, temperature: float) ->
         loss_mask[i, :n] = torch.tensor(s.loss_mask)
         if s.old_logprobs is not None:
             old[i, :n] = torch.tensor(s.old_logprobs)
+        advantages[i, :n] = torch.tensor(s.advantages())
     return MicroBatch(
         input_ids=ids,
         attention_mask=attn,
         loss_mask=loss_mask[:, 1:],
         old_logprobs=old[:, 1:],
-        advantages=torch.tensor([s.advantage for s in samples], dtype=torch.float32),
+        token_advantages=advantages[:, 1:],
         temperature=temperature,
     )

@@ -18,7 +18,7 @@ from typing import TypeVar
 import torch
 import torch.distributed as dist
 
-from lorarl.config.models import ParallelConfig
+from lorarl.config.trainer import ParallelConfig
 from lorarl.trainer.fsdp import shard_model
 
 T = TypeVar("T")

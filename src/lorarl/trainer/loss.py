@@ -11,15 +11,16 @@ The loss of one step, over its samples i and their loss tokens t (`[trainer.loss
 
     L = sum_i w_i sum_t ( c_it * g_it + kl_coef * k3_it - entropy_coef * H_it )
 
-* g_it: the policy term, -f(r_it, A_i), or what a custom `loss_fn` returns (`LossFn`).
+* g_it: the policy term, the `LossFn` that `type` names (losses.py): -f(r_it, A_i) of a built-in, or
+  what a custom loss function returns.
 * r_it: the importance ratio pi_trainer / pi_anchor of token t ("token"), or of sample i for all its
   tokens ("sequence": exp of the mean token log-ratio, the geometric mean of GSPO). The anchor is the
   sampler, pi_vLLM; with a mismatch correction it is the trainer before the update, pi_old.
-* f: PPO's min(r A, clip(r, 1 - low, 1 + high) A) ("clip"); r A where r is in that range and 0
+* f: PPO's min(r A, clip(r, 1 - low, 1 + high) A) ("ppo"); r A where r is in that range and 0
   elsewhere ("mask"); sg(clip(r, 1 - low, 1 + high)) A log pi_trainer ("cispo"), sg meaning without
-  gradient, so a clipped token keeps the gradient of its log pi at a capped weight. CISPO as in the
-  MiniMax-M1 report (arXiv:2506.13585) and Tinker's "cispo" loss
-  (clipped_ratio.detach() * target_logprobs * advantages).
+  gradient, so a clipped token keeps the gradient of its log pi at a capped weight; r A
+  ("importance_sampling"); A log pi_trainer ("cross_entropy"). CISPO as in the MiniMax-M1 report
+  (arXiv:2506.13585) and Tinker's "cispo" loss (clipped_ratio.detach() * target_logprobs * advantages).
 * c_it: 1, or the truncated or masked importance weight pi_old / pi_vLLM of `mismatch_correction`,
   times the geometric-mean sample mask of `mismatch_geo_mask`, without gradient: mismatch.py, which
   says what it follows.
@@ -47,16 +48,17 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import peft
 import torch
 from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 
-from lorarl.config.models import DEFAULT_LOGITS_CHUNK_SIZE, LossConfig
-from lorarl.plugins import load_function
+from lorarl.config.algorithms import CustomLoss, LossBase
+from lorarl.config.common import DEFAULT_LOGITS_CHUNK_SIZE
 from lorarl.trainer.batching import MicroBatch, TrainSample
+from lorarl.trainer.losses import LossInputs, per_sample_sum, policy_term
 from lorarl.trainer.mismatch import mismatch_correction, weight_moments
 
 if TYPE_CHECKING:
@@ -204,12 +206,6 @@ def _last_hidden_states(model: torch.nn.Module, inputs: dict[str, Any]) -> torch
     return taken[0]
 
 
-def _per_sample_sum(values: torch.Tensor, batch: MicroBatch | PackedBatch) -> torch.Tensor:
-    """Sum of per-target `values` [rows, T-1] over each sample's targets: [num_samples]."""
-    total = values.new_zeros(batch.num_samples)
-    return total.index_add(0, batch.sample_index.reshape(-1), values.reshape(-1))
-
-
 @dataclass(frozen=True)
 class LossNorm:
     """The step-level denominator of `[trainer.loss] norm`. It is fixed from all of the step's samples
@@ -221,11 +217,11 @@ class LossNorm:
     denominator: float
 
     @classmethod
-    def for_step(cls, cfg: LossConfig, samples: Sequence[TrainSample]) -> LossNorm:
+    def for_step(cls, cfg: LossBase, samples: Sequence[TrainSample]) -> LossNorm:
         # loss_mask[0] never carries loss: the first token is no model prediction (see MicroBatch).
         counts = [sum(s.loss_mask[1:]) for s in samples]
         if cfg.norm == "constant":
-            assert cfg.norm_constant is not None  # LossConfig's validator requires it
+            assert cfg.norm_constant is not None  # LossBase's validator requires it
             return cls("constant", cfg.norm_constant)
         if cfg.norm == "sequence":
             return cls("sequence", max(1, sum(c > 0 for c in counts)))
@@ -239,46 +235,10 @@ class LossNorm:
         return torch.full_like(loss_tokens, 1.0 / self.denominator)
 
 
-@dataclass(frozen=True)
-class LossInputs:
-    """What a custom `loss_fn` gets: the forward batch's per-target tensors, [rows, T-1] each, whether its
-    rows are padded (one sample each) or packed (several). Only the loss tokens (`loss_mask`) count."""
-
-    logprobs: torch.Tensor  # log pi_trainer at the sampling temperature, with gradient
-    sampler_logprobs: torch.Tensor  # log pi_vLLM, without gradient; placeholders off the loss tokens
-    advantages: torch.Tensor  # the advantage of each target's sample
-    loss_mask: torch.Tensor  # bool
-    # The sample of each target, 0 to num_samples - 1 across the batch: a sum over each sample's tokens
-    # is values.new_zeros(num_samples).index_add(0, sample_index.flatten(), values.flatten()).
-    sample_index: torch.Tensor
-    num_samples: int
-    # w_i of each target's sample (`LossNorm`): the step loss is sum(loss * loss_mask * sample_weights).
-    sample_weights: torch.Tensor
-    cfg: LossConfig  # the [trainer.loss] section: ratio_low, ratio_high, ... for the function to use
-
-
-class LossFn(Protocol):
-    """`[trainer.loss] loss_fn = "package.module:function"`, declared `@lorarl.plugin("loss")`: g_it of the
-    step loss sum_i w_i sum_t (c_it g_it + kl_coef k3_it - entropy_coef H_it), the policy loss of each
-    target [rows, T-1], or it and a dict of metrics. lorarl keeps it on the loss tokens,
-    multiplies it by `sample_weights` and sums it, adding the KL penalty and the entropy bonus. Metrics
-    are scalar tensors, means over the batch's loss tokens (the trainer weighs each micro-batch's by
-    its loss tokens), the same names at every call, logged as loss_fn/<name>."""
-
-    def __call__(self, inputs: LossInputs, /) -> torch.Tensor | tuple[torch.Tensor, dict[str, torch.Tensor]]: ...
-
-
-@functools.cache
-def load_loss_fn(spec: str) -> LossFn:
-    """The function "package.module:function" names (LossConfig checked the form), imported once; it
-    must be declared `@lorarl.plugin("loss")`."""
-    return cast(LossFn, load_function(spec, "trainer.loss.loss_fn", "loss"))
-
-
 def policy_loss(
     logprobs: torch.Tensor,
     batch: MicroBatch | PackedBatch,
-    cfg: LossConfig,
+    cfg: LossBase,
     norm: LossNorm,
     ref_logprobs: torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
@@ -289,7 +249,7 @@ def policy_loss(
     mask = batch.loss_mask.float()
     # Zero off the loss tokens, where old_logprobs holds placeholders, so that exp() stays finite there.
     token_log_ratio = (logprobs - batch.old_logprobs) * mask
-    loss_tokens = _per_sample_sum(mask, batch)
+    loss_tokens = per_sample_sum(mask, batch.sample_index, batch.num_samples)
     weights = norm.sample_weights(loss_tokens)[batch.sample_index]
     n = mask.sum().clamp(min=1)
     with torch.no_grad():
@@ -300,11 +260,30 @@ def policy_loss(
             "mismatch/kl": ((token_ratio - 1 - token_log_ratio) * mask).sum() / n,
             **weight_moments(token_log_ratio, mask, n),
         }
-    if cfg.loss_fn is None:
-        per_token, policy_stats = _builtin_policy_term(logprobs, token_log_ratio, loss_tokens, batch, cfg)
-    else:
-        per_token, policy_stats = _custom_policy_term(logprobs, weights, batch, cfg)
-    stats |= policy_stats
+    # With a mismatch correction, pi_trainer / pi_vLLM = (pi_trainer / pi_old) (pi_old / pi_vLLM): the
+    # policy term takes the first, 1 in value, and the correction c the second; neither counts twice.
+    # The geometric-mean mask alone (mismatch_correction "none") leaves the ratio at pi_trainer / pi_vLLM.
+    anchored = cfg.mismatch_correction != "none"
+    inputs = LossInputs(
+        logprobs=logprobs,
+        sampler_logprobs=batch.old_logprobs,
+        advantages=batch.token_advantages,
+        loss_mask=batch.loss_mask,
+        sample_index=batch.sample_index,
+        num_samples=batch.num_samples,
+        sample_weights=weights,
+        cfg=cfg,
+        log_ratio=(logprobs - logprobs.detach()) * mask if anchored else token_log_ratio,
+    )
+    per_token, term_stats = _policy_term(inputs)
+    stats |= term_stats
+    if anchored or cfg.mismatch_geo_mask is not None:
+        log_w = token_log_ratio.detach()  # log pi_old - log pi_vLLM
+        sample_log_w = per_sample_sum(log_w, batch.sample_index, batch.num_samples)
+        geo_log_w = sample_log_w / loss_tokens.clamp(min=1)
+        correction = mismatch_correction(log_w, sample_log_w[batch.sample_index], geo_log_w[batch.sample_index], cfg)
+        per_token = per_token * correction.weights
+        stats |= correction.stats(cfg, mask, n)
     if ref_logprobs is not None:
         d = (ref_logprobs - logprobs) * mask
         kl = torch.exp(d) - d - 1
@@ -318,82 +297,28 @@ def policy_loss(
     return loss, stats
 
 
-def _builtin_policy_term(
-    logprobs: torch.Tensor,
-    token_log_ratio: torch.Tensor,
-    loss_tokens: torch.Tensor,
-    batch: MicroBatch | PackedBatch,
-    cfg: LossConfig,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """c_it * -f(r_it, A_i) of each target, and the stats of the ratio (and of c)."""
-    mask = batch.loss_mask.float()
-    # With a mismatch correction, pi_trainer / pi_vLLM = (pi_trainer / pi_old) (pi_old / pi_vLLM): the
-    # trust region takes the first, 1 in value, and the correction c the second; neither counts twice.
-    # The geometric-mean mask alone (mismatch_correction "none") leaves the trust region on pi_trainer / pi_vLLM.
-    anchored = cfg.mismatch_correction != "none"
-    log_ratio = (logprobs - logprobs.detach()) * mask if anchored else token_log_ratio
-    if cfg.ratio_level == "sequence":
-        mean_log_ratio = _per_sample_sum(log_ratio, batch) / loss_tokens.clamp(min=1)
-        ratio = torch.exp(mean_log_ratio)[batch.sample_index]
-    else:
-        ratio = torch.exp(log_ratio)
-    adv = batch.token_advantages
-    low, high = 1.0 - cfg.ratio_low, 1.0 + cfg.ratio_high
-    out_of_range = ((ratio < low) | (ratio > high)).float()
-    if cfg.ratio_mode == "clip":
-        per_token = -torch.minimum(ratio * adv, ratio.clamp(low, high) * adv)
-    elif cfg.ratio_mode == "mask":  # tokens (or samples) whose ratio left the trust region carry no gradient
-        per_token = -ratio * adv * (1.0 - out_of_range)
-    else:  # "cispo": clipped tokens keep the gradient of log pi, at the clipped weight
-        per_token = -ratio.clamp(low, high).detach() * adv * logprobs
-
-    with torch.no_grad():
-        n = mask.sum().clamp(min=1)
-        stats = {
-            # Of the ratio the loss uses: per token, or its sample's for every token of the sample.
-            "ratio/out_of_range_frac": (out_of_range * mask).sum() / n,
-            "ratio/mean": (ratio * mask).sum() / n,
-        }
-    if anchored or cfg.mismatch_geo_mask is not None:
-        log_w = token_log_ratio.detach()  # log pi_old - log pi_vLLM
-        sample_log_w = _per_sample_sum(log_w, batch)
-        geo_log_w = sample_log_w / loss_tokens.clamp(min=1)
-        correction = mismatch_correction(log_w, sample_log_w[batch.sample_index], geo_log_w[batch.sample_index], cfg)
-        per_token = per_token * correction.weights
-        stats |= correction.stats(cfg, mask, n)
-    return per_token, stats
-
-
-def _custom_policy_term(
-    logprobs: torch.Tensor, weights: torch.Tensor, batch: MicroBatch | PackedBatch, cfg: LossConfig
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """What `cfg.loss_fn` returns for this batch, checked, and its metrics as loss_fn/<name>."""
-    assert cfg.loss_fn is not None
-    inputs = LossInputs(
-        logprobs,
-        batch.old_logprobs,
-        batch.token_advantages,
-        batch.loss_mask,
-        batch.sample_index,
-        batch.num_samples,
-        weights,
-        cfg,
-    )
-    out = load_loss_fn(cfg.loss_fn)(inputs)
+def _policy_term(inputs: LossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """g_it of every target from the loss function `[trainer.loss] type` names (losses.py), checked, off
+    the loss tokens set to 0, and its metrics (a custom loss's as loss_fn/<name>)."""
+    fn, kwargs = policy_term(inputs.cfg)
+    out = fn(inputs, **kwargs)
     per_token, metrics = out if isinstance(out, tuple) else (out, {})
-    if not isinstance(per_token, torch.Tensor) or per_token.shape != logprobs.shape:
+    custom = isinstance(inputs.cfg, CustomLoss)
+    what = f"trainer.loss.fn {inputs.cfg.fn}" if isinstance(inputs.cfg, CustomLoss) else "the loss"
+    if not isinstance(per_token, torch.Tensor) or per_token.shape != inputs.logprobs.shape:
         got = tuple(per_token.shape) if isinstance(per_token, torch.Tensor) else type(per_token).__name__
-        raise TypeError(f"loss_fn {cfg.loss_fn} returned {got}, not a per-token loss of shape {tuple(logprobs.shape)}")
+        raise TypeError(f"{what} returned {got}, not a per-token loss of shape {tuple(inputs.logprobs.shape)}")
     if bad := [k for k, v in metrics.items() if not (isinstance(v, torch.Tensor) and v.numel() == 1)]:
-        raise TypeError(f"loss_fn {cfg.loss_fn}: metrics {bad} are not scalar tensors")
+        raise TypeError(f"{what}: metrics {bad} are not scalar tensors")
+    prefix = "loss_fn/" if custom else ""
     # Off the loss tokens whatever it computed there (a NaN times 0 would still be NaN).
-    return per_token.where(batch.loss_mask, 0.0), {f"loss_fn/{k}": v.detach().reshape(()) for k, v in metrics.items()}
+    return per_token.where(inputs.loss_mask, 0.0), {f"{prefix}{k}": v.detach().reshape(()) for k, v in metrics.items()}
 
 
 def micro_batch_loss(
     model: TrainedModel,
     batch: MicroBatch | PackedBatch,
-    cfg: LossConfig,
+    cfg: LossBase,
     norm: LossNorm,
     chunk_size: int = DEFAULT_LOGITS_CHUNK_SIZE,
     nucleus: Nucleus = EVERY_TOKEN,

@@ -59,7 +59,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lorarl.config.models import LossConfig
+from lorarl.config.algorithms import LossBase
 
 # The log-weights of the diagnostics are clamped here so that their squares stay finite in float32.
 _DIAGNOSTIC_LOG_W_MAX = 40.0
@@ -75,7 +75,7 @@ class MismatchCorrection:
     flagged: torch.Tensor
     geo_masked: torch.Tensor
 
-    def stats(self, cfg: LossConfig, mask: torch.Tensor, n: torch.Tensor) -> dict[str, torch.Tensor]:
+    def stats(self, cfg: LossBase, mask: torch.Tensor, n: torch.Tensor) -> dict[str, torch.Tensor]:
         """Means over the loss tokens (`mask`, `n` of them): the fractions flagged and the weight."""
         stats = {"mismatch/weight_mean": (self.weights * mask).sum() / n}
         if cfg.mismatch_correction != "none":
@@ -87,7 +87,7 @@ class MismatchCorrection:
 
 
 def mismatch_correction(
-    log_w: torch.Tensor, sample_log_w: torch.Tensor, geo_log_w: torch.Tensor, cfg: LossConfig
+    log_w: torch.Tensor, sample_log_w: torch.Tensor, geo_log_w: torch.Tensor, cfg: LossBase
 ) -> MismatchCorrection:
     """The correction of `cfg` from the log-weights log pi_old - log pi_vLLM of each target [rows, T-1]:
     its own (`log_w`), the sum over its sample's loss tokens (`sample_log_w`) and their mean (`geo_log_w`)."""

@@ -15,7 +15,7 @@ from peft.utils.error import NoMatchingPeftModuleError
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from lorarl.config.loader import json_object
-from lorarl.config.models import LoraConfig, ModelConfig
+from lorarl.config.model import LoraConfig, ModelConfig
 from lorarl.model_shapes import FUSED_EXPERT_LORA
 from lorarl.trainer import attention  # noqa: F401  (registers "packed_sdpa" with transformers)
 

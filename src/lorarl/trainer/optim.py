@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from lorarl.config.models import OptimConfig, SchedulerConfig
+from lorarl.config.trainer import OptimConfig, SchedulerConfig
 from lorarl.trainer.model import trainable_parameters
 
 

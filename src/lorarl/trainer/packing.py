@@ -368,7 +368,7 @@ class _RowTensors:
                 self.loss_mask[r, span] = torch.tensor([False, *s.loss_mask[skip + 1 :]])
                 if s.old_logprobs is not None:
                     self.old[r, span] = torch.tensor(s.old_logprobs[skip:])
-                self.advantages[r, span] = s.advantage
+                self.advantages[r, span] = torch.tensor(s.advantages()[skip:])
                 self.index[r, span] = sample
                 start, segment, sample = start + n, segment + 1, sample + 1
         # The padding is a sequence of its own: a query that may attend to nothing makes sdpa return

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from lorarl.config.models import RLConfig
+from lorarl.config.run import RLConfig
 from lorarl.rollouts import Rollout
 from lorarl.trainer.batching import MicroBatch, TrainSample, micro_batches
 from lorarl.trainer.loss import Nucleus, token_logprobs

@@ -23,7 +23,7 @@ from typing import Any
 import peft
 import torch
 
-from lorarl.config.models import RLConfig
+from lorarl.config.run import RLConfig
 
 PROBE_MAX_LEN = 128  # tokens of each sequence at most
 

@@ -25,7 +25,9 @@ from pathlib import Path
 
 import torch
 
-from lorarl.config.models import DEFAULT_LOGITS_CHUNK_SIZE, LossConfig, RLConfig
+from lorarl.config.algorithms import LossBase
+from lorarl.config.common import DEFAULT_LOGITS_CHUNK_SIZE
+from lorarl.config.run import RLConfig
 from lorarl.monitor.metrics import MetricsLogger
 from lorarl.rollouts import Rollout, RolloutBatch, policy_lag
 from lorarl.trainer.batching import MicroBatch, TrainSample
@@ -189,7 +191,7 @@ def train_sample(rollout: Rollout) -> TrainSample:
 def policy_gradient_loss(
     model: TrainedModel,
     samples: Sequence[TrainSample],
-    cfg: LossConfig,
+    cfg: LossBase,
     loss_tokens: int,
     chunk_size: int = DEFAULT_LOGITS_CHUNK_SIZE,
     nucleus: Nucleus = EVERY_TOKEN,

@@ -25,7 +25,9 @@ import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from transformers import AutoTokenizer
 
-from lorarl.config.models import DEFAULT_LOGITS_CHUNK_SIZE, ModelConfig, SFTConfig
+from lorarl.config.common import DEFAULT_LOGITS_CHUNK_SIZE
+from lorarl.config.model import ModelConfig
+from lorarl.config.sft import SFTConfig
 from lorarl.trainer.batching import MicroBatch, TrainSample
 from lorarl.trainer.checkpoint import save_checkpoint
 from lorarl.trainer.distributed import DataParallel

@@ -31,7 +31,7 @@ from typing import Any, Literal, NamedTuple
 from transformers import PreTrainedTokenizerBase
 
 from lorarl.chat import LossOn, Message, tokenize_with_assistant_mask
-from lorarl.config.models import SFTDataConfig
+from lorarl.config.sft import SFTDataConfig
 from lorarl.trainer.batching import TrainSample
 
 log = logging.getLogger("lorarl.sft")

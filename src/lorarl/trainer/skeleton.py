@@ -31,7 +31,9 @@ from typing import Any, Generic, TypeVar
 import torch
 from torch.distributed.tensor import DTensor
 
-from lorarl.config.models import MonitorConfig, RLConfig, SFTConfig, TrainerConfig
+from lorarl.config.run import MonitorConfig, RLConfig
+from lorarl.config.sft import SFTConfig
+from lorarl.config.trainer import TrainerConfig
 from lorarl.host_memory import set_host_malloc
 from lorarl.monitor.metrics import MetricsLogger
 from lorarl.run_folder import RunFolder

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import peft
 import torch
 
-from lorarl.config.models import RLConfig
+from lorarl.config.run import RLConfig
 from lorarl.host_memory import set_host_malloc
 from lorarl.run_folder import RunFolder
 from lorarl.trainer.checkpoint import find_checkpoint, load_weights

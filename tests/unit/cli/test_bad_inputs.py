@@ -72,11 +72,15 @@ CASES: list[Case] = [
     ("rl", rl_args("--trainer.micro_batch_size", "0"), "trainer.micro_batch_size"),
     (
         "rl",
-        rl_args("--trainer.loss.loss_fn", "no_such_module:my_loss"),
-        "trainer.loss.loss_fn 'no_such_module:my_loss'",
+        rl_args("--trainer.loss.type", "custom", "--trainer.loss.fn", "no_such_module:my_loss"),
+        "trainer.loss.fn 'no_such_module:my_loss'",
     ),
-    ("rl", rl_args("--trainer.loss.loss_fn", "os:sep"), "is a str, not a function"),
-    ("rl", rl_args("--orchestrator.advantage.fn", "no_such_module:adv"), "orchestrator.advantage.fn 'no_such_"),
+    ("rl", rl_args("--trainer.loss.type", "custom", "--trainer.loss.fn", "os:sep"), "is a str, not a function"),
+    (
+        "rl",
+        rl_args("--orchestrator.advantage.type", "custom", "--orchestrator.advantage.fn", "no_such_module:adv"),
+        "orchestrator.advantage.fn 'no_such_",
+    ),
     ("rl", rl_args("--trainer.parallel.fsdp"), "needs dp >= 2"),
     ("rl", rl_args("--trainer.parallel.dp", "0"), "trainer.parallel.dp"),
     ("rl", rl_args("--trainer.ckpt.interval", "0"), "trainer.ckpt.interval"),
@@ -151,11 +155,21 @@ CASES: list[Case] = [
     ("rl", rl_args("--orchestrator.env", "[]"), "no environment given"),
     ("rl", rl_args("--orchestrator.eval", '{"num_examples": 0}'), "orchestrator.eval.num_examples"),
     # Advantages and filters.
-    ("rl", rl_args("--orchestrator.advantage.fn", "mypkg.mod"), "give 'package.module:function'"),
     (
         "rl",
-        rl_args("--orchestrator.advantage.estimator", "rloo", "--no-orchestrator.advantage.std_normalize"),
-        "leave std_normalize out",
+        rl_args("--orchestrator.advantage.type", "custom", "--orchestrator.advantage.fn", "mypkg.mod"),
+        "orchestrator.advantage.fn: 'mypkg.mod' is not of the form 'package.module:function'",
+    ),
+    (
+        "rl",
+        rl_args("--trainer.loss.type", "importance_sampling", "--trainer.loss.ratio_low", "0.1"),
+        "trainer.loss.ratio_low: unknown key of type 'importance_sampling'",
+    ),
+    ("rl", rl_args("--trainer.loss.type", "clip"), "trainer.loss: Input tag 'clip' found using 'type' does not match"),
+    (
+        "rl",
+        rl_args("--orchestrator.advantage.type", "rloo", "--orchestrator.advantage.eps", "0.1"),
+        "orchestrator.advantage.eps: unknown key of type 'rloo'",
     ),  # fmt: skip
     (
         "rl",

@@ -117,7 +117,7 @@ def home(rest: str) -> str:
 
 KEY_REQUIRED = "inference.api_key is required when inference.host"
 OTHER_BASE = "the adapter was trained on another model"
-GROUPS_OF_ONE = "rollouts_per_example = 1 with advantage.estimator"
+GROUPS_OF_ONE = "rollouts_per_example = 1 with advantage.type"
 
 CASES: list[Case] = [
     # No network without a key: an empty or blank key is no key.
@@ -211,18 +211,18 @@ CASES: list[Case] = [
     ("rl", rl_args("--orchestrator.rollouts_per_example", "1", "--orchestrator.batch_size", "8"), GROUPS_OF_ONE),
     (
         "rl",
-        rl_args("--orchestrator.rollouts_per_example", "1", "--orchestrator.advantage.estimator", "rloo"),
+        rl_args("--orchestrator.rollouts_per_example", "1", "--orchestrator.advantage.type", "rloo"),
         f'{GROUPS_OF_ONE} = "rloo"',
     ),
     (
         "rl",
-        rl_args("--orchestrator.rollouts_per_example", "1", "--orchestrator.advantage.estimator", "dr_grpo"),
+        rl_args("--orchestrator.rollouts_per_example", "1", "--orchestrator.advantage.type", "dr_grpo"),
         f'{GROUPS_OF_ONE} = "dr_grpo"',
     ),
     (
         "rl",
-        rl_args("--orchestrator.rollouts_per_example", "1", "--no-orchestrator.advantage.std_normalize"),
-        f'{GROUPS_OF_ONE} = "dr_grpo"',
+        rl_args("--orchestrator.rollouts_per_example", "1", "--orchestrator.advantage.type", "grpo"),
+        f'{GROUPS_OF_ONE} = "grpo"',
     ),
     # Prompts longer than seq_len, measured on the environment's examples.
     ("rl", rl_args("--seq_len", "32"), "seq_len = 32: orchestrator.env[0] 'reverse_text' has prompts of"),

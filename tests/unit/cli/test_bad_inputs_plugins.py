@@ -1,5 +1,5 @@
 """Bad input to `rl`, the plugins' part of the table: config keys that name code to run
-(`[[orchestrator.env]] id`, `trainer.loss.loss_fn`, `orchestrator.advantage.fn`) and the env args
+(`[[orchestrator.env]] id`, `trainer.loss.fn`, `orchestrator.advantage.fn`) and the env args
 given to it. Each case is refused by `rl --dry-run` (which makes every check a real run makes) in one
 line naming the key, with no traceback and no file written or deleted (`bad_inputs.assert_refused`).
 
@@ -114,12 +114,12 @@ def env(env_id: str, args: dict[str, object] | None = None) -> tuple[str, str]:
     return "--orchestrator.env", json.dumps([{"id": env_id, "args": args or {}}])
 
 
-def loss(spec: str) -> tuple[str, str]:
-    return "--trainer.loss.loss_fn", spec
+def loss(spec: str) -> tuple[str, ...]:
+    return "--trainer.loss.type", "custom", "--trainer.loss.fn", spec
 
 
-def advantage(spec: str) -> tuple[str, str]:
-    return "--orchestrator.advantage.fn", spec
+def advantage(spec: str) -> tuple[str, ...]:
+    return "--orchestrator.advantage.type", "custom", "--orchestrator.advantage.fn", spec
 
 
 UNDECLARED = "is not declared a lorarl"
@@ -137,14 +137,14 @@ CASES: list[Case] = [
     ("rl", rl_args(*env("pathlib:Path", {})), "pathlib.Path " + UNDECLARED),
     ("rl", rl_args(*env("lorarl.tiny_model:save_tiny_model", {"path": "{w.root}/tiny"})), UNDECLARED),
     # ... as a custom loss, and as an advantage estimator.
-    ("rl", rl_args(*loss("shutil:rmtree")), "trainer.loss.loss_fn 'shutil:rmtree': shutil.rmtree " + UNDECLARED),
-    ("rl", rl_args(*loss("subprocess:run")), "trainer.loss.loss_fn 'subprocess:run'"),
+    ("rl", rl_args(*loss("shutil:rmtree")), "trainer.loss.fn 'shutil:rmtree': shutil.rmtree " + UNDECLARED),
+    ("rl", rl_args(*loss("subprocess:run")), "trainer.loss.fn 'subprocess:run'"),
     (
         "rl",
         rl_args(*loss("os:remove")),
         'posix.remove is not declared a lorarl loss plugin: mark the function you mean with @lorarl.plugin("loss")',
     ),
-    ("rl", rl_args(*loss("builtins:eval")), "trainer.loss.loss_fn 'builtins:eval': builtins.eval " + UNDECLARED),
+    ("rl", rl_args(*loss("builtins:eval")), "trainer.loss.fn 'builtins:eval': builtins.eval " + UNDECLARED),
     ("rl", rl_args(*loss("lorarl.trainer.loss:policy_loss")), "lorarl.trainer.loss.policy_loss " + UNDECLARED),
     (
         "rl",
@@ -226,7 +226,7 @@ CASES: list[Case] = [
     (
         "rl",
         with_module("plug_user", *loss("inputs.plug_user:make_env")),
-        "trainer.loss.loss_fn 'inputs.plug_user:make_env'",
+        "trainer.loss.fn 'inputs.plug_user:make_env'",
     ),
     (
         "rl",
@@ -242,7 +242,7 @@ CASES: list[Case] = [
     (
         "rl",
         rl_args(*loss("no_such_plugins_module:my_loss")),
-        "trainer.loss.loss_fn 'no_such_plugins_module:my_loss': No module named",
+        "trainer.loss.fn 'no_such_plugins_module:my_loss': No module named",
     ),
     # Env args against the factory's signature and annotations: the arg named, nothing built.
     (

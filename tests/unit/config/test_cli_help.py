@@ -10,7 +10,8 @@ import pytest
 from pydantic import BaseModel
 
 from lorarl.config.loader import load_config
-from lorarl.config.models import RLConfig, SFTConfig
+from lorarl.config.run import RLConfig
+from lorarl.config.sft import SFTConfig
 
 
 def option_paths(model: type[BaseModel], prefix: str = "") -> Iterator[str]:
@@ -18,8 +19,8 @@ def option_paths(model: type[BaseModel], prefix: str = "") -> Iterator[str]:
     for name, field in model.model_fields.items():
         members = () if typing.get_origin(field.annotation) is list else typing.get_args(field.annotation)
         sections = [t for t in (field.annotation, *members) if isinstance(t, type) and issubclass(t, BaseModel)]
-        if sections:
-            yield from option_paths(sections[0], f"{prefix}{name}.")
+        for section in sections:  # every type of a section chosen by `type`; their flags merge
+            yield from option_paths(section, f"{prefix}{name}.")
         else:
             yield prefix + name
 

@@ -4,9 +4,11 @@ from pathlib import Path
 
 import pytest
 
-from lorarl.config.loader import ConfigError, load_config
-from lorarl.config.models import RLConfig, SFTConfig
-from lorarl.inference.server import adapter_slots
+from lorarl.config.loader import ConfigError, load_config, load_run
+from lorarl.config.run import RLConfig, RLRunMode
+from lorarl.config.sft import SFTConfig
+from lorarl.inference.server import adapter_slots, served_lora_rank
+from lorarl.variants import variant_configs
 
 
 def write(path: Path, text: str) -> str:
@@ -46,12 +48,17 @@ def test_nested_dotted_overrides() -> None:
             "--trainer.optim.lr",
             "1e-4",
             "--orchestrator.sampling.temperature=0.7",
-            "--no-orchestrator.advantage.std_normalize",
+            "--orchestrator.advantage.type",
+            "rloo",
+            "--trainer.loss.type=cispo",
+            "--trainer.loss.ratio_high",
+            "4",
         ],
     )
     assert cfg.trainer.optim.lr == 1e-4
     assert cfg.orchestrator.sampling.temperature == 0.7
-    assert cfg.orchestrator.advantage.std_normalize is False
+    assert cfg.orchestrator.advantage.type == "rloo"
+    assert (cfg.trainer.loss.type, cfg.trainer.loss.ratio_high) == ("cispo", 4.0)
     assert load_config(RLConfig, ["--model.name", "m", "--model.lora.use_rslora"]).lora.use_rslora is True
 
 
@@ -64,9 +71,18 @@ def test_null_unsets_a_list_as_it_unsets_a_string(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("flag", ["--dry-run", "--dry_run"])
-def test_dry_run(flag: str) -> None:
-    assert load_config(RLConfig, ["--model.name", "m", flag]).dry_run is True
-    assert load_config(RLConfig, ["--model.name", "m"]).dry_run is False
+def test_dry_run_is_a_run_mode_apart_from_the_experiment(flag: str, tmp_path: Path) -> None:
+    cfg, mode = load_run(RLConfig, RLRunMode, ["--model.name", "m", flag, "--auto_resume", "2"])
+    assert (mode.dry_run, mode.auto_resume) == (True, 2) and "dry_run" not in cfg.model_dump()
+    assert load_run(RLConfig, RLRunMode, ["--model.name", "m"])[1].dry_run is False
+    # A config file may set a run mode too; a command that takes no run mode refuses the flag.
+    path = tmp_path / "rl.toml"
+    path.write_text('overwrite = true\n[model]\nname = "m"\n')
+    assert load_run(RLConfig, RLRunMode, ["@", str(path)])[1].overwrite is True
+    with pytest.raises(ConfigError, match="unrecognized arguments: --dry-run"):
+        load_config(RLConfig, ["--model.name", "m", "--dry-run"])
+    with pytest.raises(ConfigError, match="auto_resume: Input should be greater than or equal to 0"):
+        load_run(RLConfig, RLRunMode, ["--model.name", "m", "--auto_resume", "-1"])
 
 
 @pytest.mark.parametrize(
@@ -192,7 +208,7 @@ def test_fsdp_needs_ranks_to_shard_over(cls: type[RLConfig | SFTConfig], section
 
 
 def test_a_trainer_started_without_its_ranks_says_how_to_start_them(monkeypatch: pytest.MonkeyPatch) -> None:
-    from lorarl.config.models import ParallelConfig
+    from lorarl.config.trainer import ParallelConfig
     from lorarl.trainer.distributed import init_data_parallel
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
@@ -210,19 +226,23 @@ def sweep(*variants: dict, **top: object) -> RLConfig:
 def test_a_variant_inherits_every_key_it_does_not_set() -> None:
     r1 = {"name": "r1", "model": {"lora": {"rank": 1}}, "trainer": {"optim": {"lr": 3e-4}}}
     cfg = sweep(r1, {"name": "math", "orchestrator": {"env": [{"id": "math"}]}, "trainer": {"loss": {"kl_coef": 0.1}}})
-    (r1_name, r1), (math_name, math) = cfg.variant_configs()
+    (r1_name, r1), (math_name, math) = variant_configs(cfg)
     assert (r1_name, math_name) == ("r1", "math")
     assert (r1.lora.rank, r1.lora.alpha, r1.lora.use_rslora) == (1, 64.0, True)  # rank set, the rest inherited
     assert (r1.trainer.optim.lr, r1.trainer.optim.weight_decay) == (3e-4, 0.1)
     assert [e.id for e in r1.orchestrator.env] == ["reverse_text"] and r1.trainer.loss.kl_coef == 0
     assert [e.id for e in math.orchestrator.env] == ["math"] and math.trainer.loss.kl_coef == 0.1
     assert math.lora.rank == 8 and not r1.variants and not math.variants
-    assert cfg.max_lora_rank == 8 and adapter_slots(cfg) == 2 * (cfg.orchestrator.max_policy_lag + 2)
+    # A loss of another type keeps the keys every type shares, and none of the top-level type's own.
+    switched = {"name": "is", "trainer": {"loss": {"type": "importance_sampling"}}}
+    [(_, is_)] = variant_configs(sweep(switched, trainer={"loss": {"ratio_low": 0.1, "kl_coef": 0.2}}))
+    assert (is_.trainer.loss.type, is_.trainer.loss.kl_coef) == ("importance_sampling", 0.2)
+    assert served_lora_rank(cfg, experts=False) == 8 and adapter_slots(cfg) == 2 * (cfg.orchestrator.max_policy_lag + 2)
 
 
 def test_without_variants_the_run_has_its_one_adapter() -> None:
     cfg = sweep()
-    assert cfg.variant_configs() == [] and cfg.max_lora_rank == 8
+    assert variant_configs(cfg) == [] and served_lora_rank(cfg, experts=False) == 8
     assert adapter_slots(cfg) == cfg.orchestrator.max_policy_lag + 2
 
 
@@ -231,6 +251,10 @@ def test_without_variants_the_run_has_its_one_adapter() -> None:
     [
         ([{"name": "a"}, {"name": "b", "model": {"lora": {"rank": 0}}}], r"variants\[1\]\.model\.lora\.rank: Input"),
         ([{"name": "a", "trainer": {"loss": {"nrom": "token"}}}], r"variants\[0\]\.trainer\.loss\.nrom: unknown key"),
+        (
+            [{"name": "a", "trainer": {"loss": {"type": "importance_sampling", "ratio_low": 0.1}}}],
+            r"variants\[0\]\.trainer\.loss\.ratio_low: unknown key of type 'importance_sampling'",
+        ),
         ([{"name": "a", "trainer": {"loss": {"norm": "constant"}}}], r"variants\[0\]\.trainer\.loss: norm ="),
         ([{"name": "a"}, {"name": "a"}], r"names must be unique, \['a'\]"),
         ([{"name": "-a"}], r"variants\.0\.name: String should match"),
@@ -242,3 +266,30 @@ def test_a_bad_variant_names_its_key(tmp_path: Path, variants: list[dict], messa
     path.write_text(json.dumps({"model": {"name": "m"}, "variants": variants}))
     with pytest.raises(ConfigError, match=message):
         load_config(RLConfig, ["@", str(path)])
+
+
+def test_the_old_loss_keys_still_pick_a_type_with_one_warning_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lorarl.config import algorithms
+
+    monkeypatch.setattr(algorithms, "_warned", set())  # other tests of this process may have warned already
+    path = tmp_path / "rl.toml"
+    path.write_text('[model]\nname = "m"\n[trainer.loss]\nratio_mode = "cispo"\nratio_high = 4.0\n')
+    loss = load_config(RLConfig, ["@", str(path)]).trainer.loss
+    assert (loss.type, loss.ratio_high) == ("cispo", 4.0)
+    loss = load_config(RLConfig, ["--model.name", "m", "--trainer.loss.ratio_mode", "mask"]).trainer.loss
+    custom = load_config(RLConfig, ["--model.name", "m", "--trainer.loss.loss_fn", "a.b:c"]).trainer.loss
+    assert loss.type == "mask" and (custom.type, custom.fn) == ("custom", "a.b:c")
+    assert capsys.readouterr().err.splitlines() == [
+        "warning: trainer.loss.ratio_mode is deprecated and will go in the next release: write "
+        'trainer.loss.type = "cispo"',
+        "warning: trainer.loss.loss_fn is deprecated and will go in the next release: write "
+        'trainer.loss.type = "custom" and trainer.loss.fn',
+    ]
+    with pytest.raises(ConfigError, match="ratio_mode = 'mask' chooses type 'mask', but type = 'cispo'"):
+        load_config(
+            RLConfig, ["--model.name", "m", "--trainer.loss.ratio_mode", "mask", "--trainer.loss.type", "cispo"]
+        )
+    # The old keys never reach a written config.
+    assert "ratio_mode" not in loss.model_dump() and "loss_fn" not in custom.model_dump()

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from lorarl.config.loader import ConfigError, load_config
-from lorarl.config.models import RLConfig, SFTConfig
+from lorarl.config.run import RLConfig
+from lorarl.config.sft import SFTConfig
 
 MODEL = ["--model.name", "m"]
 
@@ -37,9 +38,10 @@ def test_seeds_at_the_ends_of_the_range(seed: int) -> None:
 
 
 def test_groups_of_one_are_left_to_a_custom_estimator() -> None:
-    args = [*MODEL, "--orchestrator.rollouts_per_example", "1", "--orchestrator.advantage.fn", "mine:adv"]
+    args = [*MODEL, "--orchestrator.rollouts_per_example", "1", "--orchestrator.advantage.type", "custom"]
+    args += ["--orchestrator.advantage.fn", "mine:adv"]
     assert load_config(RLConfig, args).orchestrator.rollouts_per_example == 1
-    with pytest.raises(ConfigError, match='rollouts_per_example = 1 with advantage.estimator = "grpo"'):
+    with pytest.raises(ConfigError, match='rollouts_per_example = 1 with advantage.type = "grpo"'):
         load_config(RLConfig, [*MODEL, "--orchestrator.rollouts_per_example", "1"])
 
 

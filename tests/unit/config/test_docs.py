@@ -11,7 +11,8 @@ from types import ModuleType
 import pytest
 from pydantic import BaseModel
 
-from lorarl.config.models import RLConfig, SFTConfig
+from lorarl.config.run import RLConfig
+from lorarl.config.sft import SFTConfig
 from tests.conftest import REPO
 
 

@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 
 from lorarl.config.loader import load_config
-from lorarl.config.models import RLConfig, SFTConfig
+from lorarl.config.run import RLConfig
+from lorarl.config.sft import SFTConfig
 from tests.conftest import REPO
 
 SHIPPED = sorted(p for d in ("configs", "examples") for p in (REPO / d).rglob("*.toml"))

@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from lorarl.config.models import RLConfig
+from lorarl.config.run import RLConfig
 from lorarl.inference.cpu_cores import omp_threads_bind, trainer_threads, worker_cores
 from lorarl.launcher.plan import worker_command
 
@@ -48,11 +48,10 @@ def test_taking_turns_gives_the_workers_every_core_and_the_trainer_too() -> None
 
 
 def test_the_cpu_command_is_pinned_and_on_gpus_it_is_not() -> None:
-    cmd = worker_command(cfg())
+    cmd = worker_command(cfg(), 0)
     assert cmd[1:5] == ["-m", "lorarl.inference.cpu_cores", omp_threads_bind(worker_cores(cfg(), 0)), "--"]
     assert cmd[5:8] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
-    gpus = RLConfig.model_validate({"model": {"name": "m"}, "dry_run": True, "dry_run_devices": 2})
-    assert worker_command(gpus)[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert worker_command(RLConfig(model={"name": "m"}), 2)[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this platform")

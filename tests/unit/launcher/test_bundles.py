@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from lorarl.config.models import RLConfig
+from lorarl.config.run import RLConfig
 from lorarl.launcher.bundles import plan_bundles, ray_placement
 from lorarl.launcher.plan import plan_run
 from lorarl.launcher.preflight import PreflightError, check_cluster

@@ -10,17 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from lorarl.config.models import RLConfig
+from lorarl.config.run import RLConfig
+from lorarl.exit_codes import BAD_INPUT, TRAINING_STOPPED
 from lorarl.launcher.launch import auto_resume_step, report_failure
 from lorarl.launcher.plan import ProcessSpec, Role
-from lorarl.launcher.supervisor import REFUSED, TRAINING_STOPPED, Supervisor
+from lorarl.launcher.supervisor import Supervisor
 from lorarl.run_folder import RunFolder
 
 REASON = "step 2: the update made weights NaN or infinite (lr 1e+06); lower trainer.optim.lr and start again"
 
 
-def config(auto_resume: int = 0) -> RLConfig:
-    return RLConfig(model={"name": "a-model"}, auto_resume=auto_resume)
+def config() -> RLConfig:
+    return RLConfig(model={"name": "a-model"})
 
 
 @pytest.fixture
@@ -44,23 +45,23 @@ def ended(sup: Supervisor, name: Role, code: int) -> int:
 
 @pytest.mark.parametrize("code", [1, -9])  # a Python error; a kill -9
 def test_a_crash_resumes_from_the_latest_whole_checkpoint_while_restarts_last(run: RunFolder, code: int) -> None:
-    cfg = config(auto_resume=2)
-    assert auto_resume_step(cfg, run, code, restarts=0) == 1
-    assert auto_resume_step(cfg, run, code, restarts=1) == 1
-    assert auto_resume_step(cfg, run, code, restarts=2) is None  # used up
-    assert auto_resume_step(config(), run, code, restarts=0) is None  # auto_resume off
+    cfg = config()
+    assert auto_resume_step(cfg, run, code, restarts=0, allowed=2) == 1
+    assert auto_resume_step(cfg, run, code, restarts=1, allowed=2) == 1
+    assert auto_resume_step(cfg, run, code, restarts=2, allowed=2) is None  # used up
+    assert auto_resume_step(cfg, run, code, restarts=0, allowed=0) is None  # auto_resume off
 
 
 def test_a_crash_without_a_whole_checkpoint_is_not_resumed(tmp_path: Path) -> None:
     empty = RunFolder(tmp_path / "new").create()
-    assert auto_resume_step(config(auto_resume=2), empty, 1, restarts=0) is None
+    assert auto_resume_step(config(), empty, 1, restarts=0, allowed=2) is None
 
 
-@pytest.mark.parametrize("code", [TRAINING_STOPPED, REFUSED])
+@pytest.mark.parametrize("code", [TRAINING_STOPPED, BAD_INPUT])
 def test_an_end_that_a_restart_would_repeat_stops_the_run_in_its_one_line(
     run: RunFolder, sup: Supervisor, caplog: pytest.LogCaptureFixture, code: int
 ) -> None:
-    assert auto_resume_step(config(auto_resume=2), run, code, restarts=0) is None
+    assert auto_resume_step(config(), run, code, restarts=0, allowed=2) is None
     with caplog.at_level(logging.ERROR, logger="lorarl.rl"):
         assert report_failure(sup, "trainer", ended(sup, "trainer", code)) == code  # rl's own exit code
     assert caplog.messages == [f"trainer: {REASON}"]

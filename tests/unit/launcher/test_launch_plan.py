@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from lorarl.config.models import RLConfig
+from lorarl.config.run import RLConfig
 from lorarl.inference.server import vllm_env, vllm_max_lora_rank, worker_urls
 from lorarl.launcher.placement import place
 from lorarl.launcher.plan import plan_run, worker_command
@@ -34,7 +34,7 @@ def cfg(tmp_path: Path, **kw) -> RLConfig:
 
 def test_vllm_command_derives_lora_flags_from_the_config(tmp_path: Path) -> None:
     c = cfg(tmp_path, orchestrator={"max_async_level": 2}, inference={"port": 9000, "num_workers": 2})
-    cmd = " ".join(worker_command(c, worker=1))
+    cmd = " ".join(worker_command(c, 0, worker=1))
     assert "--max-lora-rank 16" in cmd
     assert "--max-loras 4" in cmd  # versions in flight (3) + the next one
     assert "--port 9001" in cmd
@@ -48,19 +48,19 @@ def test_vllm_command_derives_lora_flags_from_the_config(tmp_path: Path) -> None
 
 def test_cpu_workers_serve_adapters_with_lorarls_cpu_lora_ops_and_gpu_workers_with_vllms(tmp_path: Path) -> None:
     extension = ["--worker-extension-cls", "lorarl.inference.cpu_lora.CpuLoRA"]
-    cpu = worker_command(cfg(tmp_path, dry_run=True, dry_run_devices=0))
+    cpu = worker_command(cfg(tmp_path), 0)
     assert cpu[cpu.index("--worker-extension-cls") :][:2] == extension
-    assert "--worker-extension-cls" not in worker_command(cfg(tmp_path, dry_run=True, dry_run_devices=2))
+    assert "--worker-extension-cls" not in worker_command(cfg(tmp_path), 2)
 
 
 def test_full_finetune_starts_workers_that_reload_weights_and_serve_no_adapter(tmp_path: Path) -> None:
     c = RLConfig.model_validate({"model": {"name": "m", "full_finetune": True}, "output_dir": str(tmp_path)})
-    cmd = worker_command(c)
+    cmd = worker_command(c, 2)
     assert "--enable-lora" not in cmd and "--max-lora-rank" not in cmd and "--max-loras" not in cmd
     extension = cmd[cmd.index("--worker-extension-cls") + 1]
     assert extension == "lorarl.inference.weight_reload.WeightReload"
     # vLLM takes one extension: on a CPU too, weight reloading's, not cpu_lora's besides.
-    on_cpu = worker_command(c.model_copy(update={"dry_run": True, "dry_run_devices": 0}))
+    on_cpu = worker_command(c, 0)
     assert on_cpu.count("--worker-extension-cls") == 1 and extension in on_cpu
     # The endpoints the orchestrator reloads weights through (/collective_rpc, /reset_prefix_cache).
     assert vllm_env(c) == {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", **KEEP}
@@ -112,7 +112,7 @@ def test_plan_writes_per_process_configs_and_commands(tmp_path: Path) -> None:
 def test_taking_turns_by_default_where_the_trainer_shares_gpus(tmp_path: Path) -> None:
     assert not place(cfg(tmp_path), 0).time_share  # CPU: split measured as fast or faster
     assert not place(cfg(tmp_path), 2).time_share  # GPUs of their own
-    colocated = cfg(tmp_path, inference={"colocate_with_trainer": True}, dry_run=True, dry_run_devices=1)
+    colocated = cfg(tmp_path, inference={"colocate_with_trainer": True})
     assert place(colocated, 1).time_share
     assert "they take turns (inference.time_share)" in place(colocated, 1).table()
     assert not place(cfg(tmp_path, inference={"colocate_with_trainer": True, "time_share": False}), 1).time_share
@@ -137,13 +137,13 @@ def test_a_user_max_loras_must_hold_every_version_in_flight(tmp_path: Path) -> N
     with pytest.raises(ValueError, match="sets --max-loras 2, but rollouts may lag 1 versions"):
         check_adapter_slots(cfg(tmp_path, inference={"extra_args": ["--max-loras", "2"]}))
     c = cfg(tmp_path, inference={"extra_args": ["--max-loras", "6"]})
-    assert worker_command(c).count("--max-loras") == 1 and "6" in worker_command(c)
+    assert worker_command(c, 0).count("--max-loras") == 1 and "6" in worker_command(c, 0)
     # Continuous batching keeps versions up to max_off_policy_steps old in flight.
     with pytest.raises(ValueError, match="sets --max-loras 4, but rollouts may lag 3 versions"):
         check_adapter_slots(
             cfg(tmp_path, orchestrator={"max_off_policy_steps": 3}, inference={"extra_args": ["--max-loras", "4"]})
         )
-    assert "--max-loras 5" in " ".join(worker_command(cfg(tmp_path, orchestrator={"max_off_policy_steps": 3})))
+    assert "--max-loras 5" in " ".join(worker_command(cfg(tmp_path, orchestrator={"max_off_policy_steps": 3}), 0))
 
 
 def test_max_off_policy_steps_cannot_drop_groups_sampled_ahead_on_purpose(tmp_path: Path) -> None:
@@ -158,7 +158,7 @@ def test_max_off_policy_steps_cannot_drop_groups_sampled_ahead_on_purpose(tmp_pa
 def test_a_sweep_starts_vllm_for_its_largest_rank_and_every_variants_adapters(tmp_path: Path) -> None:
     variants = [{"name": n, "model": {"lora": {"rank": r}}} for n, r in (("r1", 1), ("r4", 4), ("r64", 64))]
     c = cfg(tmp_path, orchestrator={"max_async_level": 2}, variants=variants)
-    cmd = " ".join(worker_command(c))
+    cmd = " ".join(worker_command(c, 0))
     assert "--max-lora-rank 64" in cmd
     assert "--max-loras 12" in cmd  # 4 versions each (see above), for 3 variants
     flag = {"extra_args": ["--max-loras=6"]}

@@ -15,7 +15,8 @@ import pytest
 from transformers import AutoModelForCausalLM
 
 from lorarl.config.loader import load_config
-from lorarl.config.models import LoraConfig, RLConfig
+from lorarl.config.model import LoraConfig
+from lorarl.config.run import RLConfig
 from lorarl.launcher.memory_plan import MemoryPlan, adapter_parameters, model_shape, rl_memory_plan
 from lorarl.launcher.placement import place
 from lorarl.run_folder import MARKER
@@ -28,7 +29,7 @@ MATH_8GPU = REPO / "configs/gpu/math/8gpu.toml"
 
 
 def recipe(path: Path, *overrides: str) -> RLConfig:
-    return load_config(RLConfig, ["@", str(path), "--dry-run", *overrides])
+    return load_config(RLConfig, ["@", str(path), *overrides])
 
 
 def plan_of(cfg: RLConfig, gpus: int) -> MemoryPlan:
@@ -57,7 +58,7 @@ def test_counts_match_the_real_model_and_its_adapter(tiny_model: Path) -> None:
 
 
 def test_the_8gpu_math_recipe_fits_with_its_parts() -> None:
-    plan = plan_of(recipe(MATH_8GPU, "--dry-run-devices", "8"), 8)
+    plan = plan_of(recipe(MATH_8GPU), 8)
     assert plan.problem() is None
     assert "DeepSeek-R1-Distill-Qwen-7B, 7.62B parameters, vocab 152,064" in plan.header
     assert "lorarl's table of published configs" in plan.header and "GPUs of 80 GiB" in plan.header
@@ -68,24 +69,20 @@ def test_the_8gpu_math_recipe_fits_with_its_parts() -> None:
 
 
 def test_a_trainer_that_cannot_fit_is_refused_naming_the_keys() -> None:
-    cfg = recipe(
-        MATH_8GPU, "--dry-run-devices", "8", "--trainer.micro_batch_size", "8", "--no-trainer.gradient_checkpointing"
-    )
+    cfg = recipe(MATH_8GPU, "--trainer.micro_batch_size", "8", "--no-trainer.gradient_checkpointing")
     problem = plan_of(cfg, 8).problem()
     assert problem is not None and "\n" not in problem
     assert problem.startswith("memory plan: trainer on gpu 4-7 needs ~")
     for key in ("lower trainer.micro_batch_size", "set trainer.gradient_checkpointing = true", "trainer.parallel.fsdp"):
         assert key in problem
     # FSDP over the 4 ranks shares out the weights: smaller, with the layer being gathered on top.
-    sharded = plan_of(recipe(MATH_8GPU, "--dry-run-devices", "8", "--trainer.parallel.fsdp"), 8)
+    sharded = plan_of(recipe(MATH_8GPU, "--trainer.parallel.fsdp"), 8)
     assert "weights 4.0" in process(sharded, "trainer")  # 14.2 / 4 + 0.4
 
 
 def test_vllm_without_room_for_one_sequence_is_refused() -> None:
     cfg = recipe(
         MATH_8GPU,
-        "--dry-run-devices",
-        "8",
         "--inference.gpu_memory_utilization",
         "0.12",
         "--inference.tensor_parallel_size",
@@ -100,10 +97,10 @@ def test_vllm_without_room_for_one_sequence_is_refused() -> None:
 
 def test_sharing_a_gpu_leaves_the_trainer_the_rest_of_it() -> None:
     one = REPO / "configs/gpu/alphabet_sort/1gpu.toml"
-    plan = plan_of(recipe(one, "--dry-run-devices", "1"), 1)
+    plan = plan_of(recipe(one), 1)
     fraction = recipe(one).inference.memory_fraction
     assert cells(process(plan, "trainer"))[1:4:2] == ["gpu 0", f"{80 * (1 - fraction):.1f} GiB"]
-    squeezed = plan_of(recipe(one, "--dry-run-devices", "1", "--inference.gpu_memory_utilization", "0.95"), 1)
+    squeezed = plan_of(recipe(one, "--inference.gpu_memory_utilization", "0.95"), 1)
     problem = squeezed.problem()
     assert (
         problem is not None and "(trainer.gpu_ids)" in problem and "lower inference.gpu_memory_utilization" in problem
@@ -111,7 +108,7 @@ def test_sharing_a_gpu_leaves_the_trainer_the_rest_of_it() -> None:
 
 
 def test_without_a_gpu_the_ram_plan_is_information_unless_far_too_big(tiny_model: Path) -> None:
-    cfg = load_config(RLConfig, ["--model.name", str(tiny_model), "--dry-run"])
+    cfg = load_config(RLConfig, ["--model.name", str(tiny_model)])
     plan = plan_of(cfg, 0)
     assert plan.problem() is None and "no GPU" in plan.header and "of RAM" in plan.footer
     huge = load_config(
@@ -119,7 +116,6 @@ def test_without_a_gpu_the_ram_plan_is_information_unless_far_too_big(tiny_model
         [
             "--model.name",
             str(tiny_model),
-            "--dry-run",
             "--seq_len",
             "1000000",
             "--trainer.micro_batch_size",
@@ -134,7 +130,7 @@ def test_without_a_gpu_the_ram_plan_is_information_unless_far_too_big(tiny_model
 
 def test_an_unknown_model_gets_no_plan_and_no_refusal(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    cfg = load_config(RLConfig, ["--model.name", "nobody/unknown-model", "--dry-run"])
+    cfg = load_config(RLConfig, ["--model.name", "nobody/unknown-model"])
     plan = plan_of(cfg, 0)
     assert plan.problem() is None and "unknown here" in plan.header
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from lorarl.config.loader import load_config
-from lorarl.config.models import LoraConfig, RLConfig
+from lorarl.config.model import LoraConfig
+from lorarl.config.run import RLConfig
 from lorarl.inference.server import adapter_slots, served_lora_rank
 from lorarl.launcher.memory_plan import adapter_parameters, expert_lora, rl_memory_plan, serves_expert_lora
 from lorarl.launcher.placement import place
@@ -32,10 +33,10 @@ def test_expert_lora_counts_every_expert_at_peft_ranks() -> None:
 
 
 def test_the_moe_recipe_fits_with_expert_lora_in_every_process() -> None:
-    cfg = load_config(RLConfig, ["@", str(RECIPE), "--dry-run", "--dry-run-devices", "8"])
+    cfg = load_config(RLConfig, ["@", str(RECIPE)])
     assert cfg.model.name == QWEN3_30B_A3B and cfg.lora.target_modules == LoraConfig().target_modules
     assert served_lora_rank(cfg, serves_expert_lora(cfg)) == 16  # rank 8, gate_up_proj at 16
-    command = worker_command(cfg)
+    command = worker_command(cfg, 8)
     assert "--enable-mixed-moe-lora-format" in command and command[command.index("--max-lora-rank") + 1] == "16"
     plan = rl_memory_plan(cfg, place(cfg, 8))
     assert plan.problem() is None, plan.table()

@@ -13,8 +13,8 @@ import pytest
 from pydantic import ValidationError
 
 from lorarl.config.loader import load_config
-from lorarl.config.models import RLConfig
-from lorarl.launcher.placement import Placement, PlacementError, cuda_visible_devices, place, worker_gpus
+from lorarl.config.run import RLConfig, RunMode
+from lorarl.launcher.placement import Placement, PlacementError, cuda_visible_devices, place, visible_gpus, worker_gpus
 from lorarl.launcher.plan import ProcessSpec, plan_run
 from lorarl.launcher.preflight import check_environments
 from lorarl.run_folder import RunFolder
@@ -141,16 +141,16 @@ def test_a_placement_that_cannot_work_is_refused_in_one_line(kw: dict[str, Any],
 
 def test_dry_run_devices_only_in_a_dry_run() -> None:
     with pytest.raises(ValidationError, match="dry_run_devices only pretends for a dry run"):
-        cfg(dry_run_devices=8)
-    assert cfg(dry_run=True, dry_run_devices=8).dry_run_devices == 8
+        RunMode(dry_run_devices=8)
+    assert visible_gpus(RunMode(dry_run=True, dry_run_devices=8)) == 8
 
 
 # The plan: each child's CUDA_VISIBLE_DEVICES, the resolved configs, placement.txt.
 
 
-def plan(c: RLConfig, gpus: int, tmp_path: Path) -> dict[str, ProcessSpec]:
+def plan(c: RLConfig, gpus: int, tmp_path: Path, pretended: bool = False) -> dict[str, ProcessSpec]:
     c = c.model_copy(update={"output_dir": tmp_path})
-    return {s.name: s for s in plan_run(c, RunFolder(c.run_dir), place(c, gpus))}
+    return {s.name: s for s in plan_run(c, RunFolder(c.run_dir), place(c, gpus, pretended))}
 
 
 def test_the_plan_gives_each_child_its_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -189,15 +189,15 @@ def test_gpu_ids_select_among_the_gpus_rl_sees(tmp_path: Path, monkeypatch: pyte
     specs = plan(cfg({"num_workers": 2}, dp=2), 4, tmp_path)
     assert [specs[n].env["CUDA_VISIBLE_DEVICES"] for n in names] == ["4", "5", "6,7"]
     # A dry run's pretended GPUs are not this machine's.
-    specs = plan(cfg({"num_workers": 2}, dp=2, dry_run=True, dry_run_devices=4), 4, tmp_path)
+    specs = plan(cfg({"num_workers": 2}, dp=2), 4, tmp_path, pretended=True)
     assert [specs[n].env["CUDA_VISIBLE_DEVICES"] for n in names] == ["0", "1", "2,3"]
 
 
 def test_inference_alone_takes_the_gpus_rl_would_give_the_worker(capsys: pytest.CaptureFixture[str]) -> None:
-    c = cfg({"num_workers": 2, "tensor_parallel_size": 2}, dry_run=True, dry_run_devices=8)
-    assert worker_gpus(c, 1) == "2,3"
+    c, pretend = cfg({"num_workers": 2, "tensor_parallel_size": 2}), RunMode(dry_run=True, dry_run_devices=8)
+    assert worker_gpus(c, pretend, 1) == "2,3"
     with pytest.raises(PlacementError, match="--worker 2: inference.num_workers = 2 has workers 0-1"):
-        worker_gpus(c, 2)
+        worker_gpus(c, pretend, 2)
     from lorarl.cli import inference
 
     inference.main(["--model.name", "m", "--inference.num_workers", "2", "--trainer.gpu_ids", "[0]",

@@ -15,7 +15,8 @@ from transformers import AutoModelForCausalLM
 
 from lorarl.cli import rl
 from lorarl.config.loader import load_config
-from lorarl.config.models import LoraConfig, RLConfig
+from lorarl.config.model import LoraConfig
+from lorarl.config.run import RLConfig
 from lorarl.launcher.memory_plan import meta_model, model_config
 from lorarl.launcher.preflight import (
     PreflightError,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+from lorarl.exit_codes import TRAINING_STOPPED
 from lorarl.launcher.plan import torchrun
-from lorarl.launcher.supervisor import TRAINING_STOPPED
 
 # Every rank says why in one line (rank 0 alone, as cli/common.exit_with) and exits 3, or rank 1 is
 # killed by SIGKILL (as the kernel's OOM killer does) while rank 0 waits.

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lorarl.config.models import MonitorConfig, WandbConfig
+from lorarl.config.run import MonitorConfig, WandbConfig
 from lorarl.monitor.metrics import MetricsLogger
 
 SAMPLES = [

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from lorarl.config.models import LoraConfig
+from lorarl.config.model import LoraConfig
 from lorarl.orchestrator.adapters import AdapterWatcher, WeightsWatcher
 from lorarl.run_folder import RunFolder
 from lorarl.tiny_model import build_model, build_tokenizer

@@ -7,17 +7,18 @@ import json
 import math
 
 import pytest
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 import lorarl
-from lorarl.config.models import AdvantageConfig, DifficultyFilterConfig, OrchestratorConfig, OverlongConfig
-from lorarl.orchestrator.advantages import GroupAdvantages, advantage_estimator, group_advantages
+from lorarl.config.algorithms import AdvantageBase, AdvantageConfig, CustomAdvantage
+from lorarl.config.orchestrator import DifficultyFilterConfig, OrchestratorConfig, OverlongConfig
+from lorarl.orchestrator.advantages import GroupAdvantages, advantage_estimator, dr_grpo
 from lorarl.orchestrator.difficulty import DifficultyFilter, example_key
 from lorarl.orchestrator.envs.base import Environment, Episode
 from lorarl.orchestrator.episodes import PlayedEpisode, Sample
 from lorarl.orchestrator.groups import Group
 from lorarl.orchestrator.overlong import overlong_metrics, overlong_penalty
-from lorarl.plugins import PluginError
+from lorarl.plugins import ArgsError, PluginError
 
 
 def played(answer: str = "a", turn_tokens: tuple[int, ...] = (4,), truncated: bool = False) -> PlayedEpisode:
@@ -32,42 +33,79 @@ def group(rewards: list[float], episodes: list[PlayedEpisode] | None = None, nam
     return Group(env, 0, episodes, [{"reward": r, "reward_errors": 0} for r in rewards])
 
 
+ADVANTAGE: TypeAdapter[AdvantageBase] = TypeAdapter(AdvantageConfig)
+
+
 def estimate(rewards: list[float], **cfg: object) -> list[float]:
-    return advantage_estimator(AdvantageConfig.model_validate(cfg))(rewards, [played() for _ in rewards])
+    section = ADVANTAGE.validate_python({"type": "grpo", **cfg})
+    return advantage_estimator(section)(rewards, [played() for _ in rewards])
+
+
+def section(**given: object) -> AdvantageBase:
+    """[orchestrator.advantage] as a config file gives it, old keys included."""
+    return OrchestratorConfig(advantage=given).advantage
+
+
+def users(fn: str, **args: object) -> CustomAdvantage:
+    return CustomAdvantage(fn=fn if ":" in fn else f"tests.unit.orchestrator.test_advantages:{fn}", args=args)
 
 
 def test_grpo_dr_grpo_and_rloo() -> None:
     rewards = [1.0, 0.0, 0.0, 1.0, 1.0]
     mean, std = 0.6, math.sqrt(0.24)
     assert estimate(rewards) == pytest.approx([(r - mean) / (std + 1e-6) for r in rewards])
-    assert estimate(rewards, estimator="dr_grpo") == pytest.approx([0.4, -0.6, -0.6, 0.4, 0.4])
+    assert estimate(rewards, type="dr_grpo") == pytest.approx([0.4, -0.6, -0.6, 0.4, 0.4])
     # RLOO: each reward against the mean of the other four.
-    assert estimate(rewards, estimator="rloo") == pytest.approx([1 - 2 / 4, 0 - 3 / 4, 0 - 3 / 4, 1 - 2 / 4, 1 - 2 / 4])
-    assert estimate([0.7], estimator="rloo") == [0.0]  # a group of one has nothing to compare with
+    assert estimate(rewards, type="rloo") == pytest.approx([1 - 2 / 4, 0 - 3 / 4, 0 - 3 / 4, 1 - 2 / 4, 1 - 2 / 4])
+    assert estimate([0.7], type="rloo") == [0.0]  # a group of one has nothing to compare with
 
 
 @pytest.mark.parametrize("estimator", ["grpo", "dr_grpo", "rloo"])
 def test_a_tied_group_gets_exactly_zero_advantages(estimator: str) -> None:
     # 0.1 * 3 / 3 != 0.1 in floating point: a computed mean would leave crumbs of 1e-17.
-    assert estimate([0.1, 0.1, 0.1], estimator=estimator) == [0.0, 0.0, 0.0]
-    assert group_advantages([0.1] * 7, std_normalize=False) == [0.0] * 7
+    assert estimate([0.1, 0.1, 0.1], type=estimator) == [0.0, 0.0, 0.0]
+    assert dr_grpo([0.1] * 7) == [0.0] * 7
 
 
-def test_std_normalize_still_picks_grpo_or_dr_grpo() -> None:
-    assert AdvantageConfig(std_normalize=False).estimator == "dr_grpo"
-    assert AdvantageConfig(std_normalize=True).estimator == "grpo"
-    assert AdvantageConfig(estimator="dr_grpo", std_normalize=False).estimator == "dr_grpo"  # as a dump reloads
+def test_grpo_takes_its_eps() -> None:
+    assert estimate([1.0, 0.0], eps=1.0) == pytest.approx([0.5 / 1.5, -0.5 / 1.5])
+    with pytest.raises(ValidationError, match="eps"):
+        estimate([1.0, 0.0], type="rloo", eps=1.0)  # a key of another type: unknown here
+
+
+def test_the_old_keys_still_pick_a_type_with_a_warning(capsys: pytest.CaptureFixture[str]) -> None:
+    assert section(std_normalize=False).type == "dr_grpo"
+    assert section(std_normalize=True).type == "grpo"
+    assert section(estimator="dr_grpo", std_normalize=False).type == "dr_grpo"
+    assert section(estimator="rloo").type == "rloo"
+    assert section(fn="m:f") == CustomAdvantage(fn="m:f")
+    assert section(estimator="grpo", fn="m:f") == CustomAdvantage(fn="m:f")
     for bad in ({"estimator": "rloo", "std_normalize": False}, {"estimator": "dr_grpo", "std_normalize": True},
                 {"fn": "m:f", "std_normalize": True}):  # fmt: skip
-        with pytest.raises(ValidationError, match="leave std_normalize out"):
-            AdvantageConfig.model_validate(bad)
+        with pytest.raises(ValidationError, match="std_normalize = .* does not go with"):
+            section(**bad)
+    with pytest.raises(ValidationError, match="fn replaces the estimator"):
+        section(estimator="rloo", fn="m:f")
+    with pytest.raises(ValidationError, match="chooses type 'rloo', but type = 'grpo'"):
+        section(estimator="rloo", type="grpo")
+    # One line per old key, naming the new spelling (each once per process: other tests may have said it).
+    for line in capsys.readouterr().err.splitlines():
+        assert line.startswith("warning: orchestrator.advantage.") and "write orchestrator.advantage.type" in line
 
 
 def test_a_users_estimator_gets_the_rewards_and_if_it_wants_them_the_episodes() -> None:
-    by_length = advantage_estimator(AdvantageConfig(fn="tests.unit.orchestrator.scripted_env:by_answer_length"))
+    by_length = advantage_estimator(users("tests.unit.orchestrator.scripted_env:by_answer_length"))
     assert by_length([0.0, 0.0], [played("x" * 13), played("x" * 15)]) == [0.0, 2.0]
-    centered = advantage_estimator(AdvantageConfig(fn="tests.unit.orchestrator.test_advantages:centered"))
+    centered = advantage_estimator(users("centered"))
     assert centered([1.0, 3.0], []) == [-1.0, 1.0]
+    scaled = advantage_estimator(users("scaled", scale="2.5"))  # args converted to the annotated types
+    assert scaled([1.0, 3.0], [played(), played()]) == [-2.5, 2.5]
+
+
+@lorarl.plugin("advantage")
+def scaled(rewards: list[float], episodes: list[PlayedEpisode], *, scale: float) -> list[float]:
+    """An estimator with an argument of its own from the config (args)."""
+    return [scale * a for a in centered(rewards)]
 
 
 @lorarl.plugin("advantage")
@@ -89,15 +127,15 @@ def not_finite(rewards: list[float]) -> list[float]:
 def test_a_users_estimator_is_checked() -> None:
     for spec in ("mypkg.mod", "mypkg.mod:", "a b:c", ":f", "mod:f.g"):
         with pytest.raises(ValidationError, match="package.module:function"):
-            AdvantageConfig(fn=spec)
-    with pytest.raises(ValidationError, match="not both"):
-        AdvantageConfig(fn="m:f", estimator="rloo")
+            CustomAdvantage(fn=spec)
     with pytest.raises(PluginError, match="orchestrator.advantage.fn 'no_such_module:f': No module named"):
-        advantage_estimator(AdvantageConfig(fn="no_such_module:f"))
+        advantage_estimator(users("no_such_module:f"))
     with pytest.raises(PluginError, match="has no attribute 'nope'"):
-        advantage_estimator(AdvantageConfig(fn="tests.unit.orchestrator.test_advantages:nope"))
+        advantage_estimator(users("nope"))
+    with pytest.raises(ArgsError, match="args do not fit centered: got an unexpected keyword argument 'scale'"):
+        advantage_estimator(users("centered", scale=2))
     for fn in ("wrong_length", "not_finite"):
-        estimator = advantage_estimator(AdvantageConfig(fn=f"tests.unit.orchestrator.test_advantages:{fn}"))
+        estimator = advantage_estimator(users(fn))
         with pytest.raises(ValueError, match="give one finite advantage per reward"):
             estimator([1.0, 0.0], [])
 
@@ -113,7 +151,7 @@ def test_the_overlong_penalty_grows_linearly_over_the_buffer() -> None:
 
 def test_the_advantage_stage_shapes_the_rewards_then_masks_truncated_episodes() -> None:
     episodes = [played(turn_tokens=(2,)), played(turn_tokens=(8,)), played(turn_tokens=(10,), truncated=True)]
-    cfg = OrchestratorConfig(sampling={"max_tokens": 10}, advantage={"estimator": "dr_grpo"},
+    cfg = OrchestratorConfig(sampling={"max_tokens": 10}, advantage={"type": "dr_grpo"},
                              overlong={"buffer": 4, "penalty": 1.0, "mask_truncated": True})  # fmt: skip
     g = GroupAdvantages(cfg)(group([1.0, 1.0, 1.0], episodes))
     # Shaped rewards 1, 0.5, 0 (mean 0.5): 0.5, 0, -0.5; the truncated one masked.

@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from lorarl.config.models import SamplingConfig
+from lorarl.config.orchestrator import SamplingConfig
 from lorarl.inference.client import Completion
 from lorarl.orchestrator.envs.base import Environment, Episode
 from lorarl.orchestrator.envs.tool_env import ToolEnvironment

@@ -1,6 +1,6 @@
 import asyncio
 
-from lorarl.config.models import EvalConfig
+from lorarl.config.orchestrator import EvalConfig
 from lorarl.orchestrator.envs import load_environment
 from lorarl.orchestrator.envs.base import Environment, Example
 from lorarl.orchestrator.evals import MAX_GROUPS_IN_FLIGHT, Evaluator

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from lorarl.config.models import RLConfig
+from lorarl.config.run import RLConfig
 from lorarl.orchestrator.orchestrator import check_given_servers
 from tests.conftest import free_port
 from tests.unit.inference.fake_vllm import FakeVLLM

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lorarl.config.models import MonitorConfig
+from lorarl.config.run import MonitorConfig
 from lorarl.monitor.metrics import MetricsLogger
 from lorarl.orchestrator.batch_metrics import StepCounters, batch_metrics
 from lorarl.orchestrator.checkpoint import SamplerCheckpoints

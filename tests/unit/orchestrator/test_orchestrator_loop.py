@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from lorarl.config.models import RLConfig
+from lorarl.config.run import RLConfig
 from lorarl.inference.client import Completion
 from lorarl.orchestrator.orchestrator import Orchestrator
 from lorarl.rollouts import RolloutBatch, policy_lag

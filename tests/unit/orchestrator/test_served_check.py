@@ -12,7 +12,7 @@ from typing import Any, Literal, cast
 
 import pytest
 
-from lorarl.config.models import MonitorConfig
+from lorarl.config.run import MonitorConfig
 from lorarl.inference.client import InferenceClient
 from lorarl.inference.pool import WorkerPool
 from lorarl.monitor.metrics import MetricsLogger

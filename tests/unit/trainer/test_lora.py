@@ -15,7 +15,8 @@ from pydantic import ValidationError
 from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen3Config, Qwen3MoeConfig
 
 from lorarl.config.loader import load_config
-from lorarl.config.models import LoraConfig, RLConfig
+from lorarl.config.model import LoraConfig
+from lorarl.config.run import RLConfig
 from lorarl.trainer.model import apply_lora, check_lora_for_rl, check_vllm_can_serve, parameter_summary
 
 # Qwen3-0.6B and Qwen3-4B (their config.json): hidden, intermediate, layers, heads, kv heads.

@@ -2,21 +2,22 @@ import math
 
 import pytest
 import torch
+from pydantic import TypeAdapter
 
 import lorarl
+from lorarl.config.algorithms import CustomLoss, LossBase, LossConfig
 from lorarl.config.loader import ConfigError, load_config
-from lorarl.config.models import LossConfig, RLConfig
-from lorarl.plugins import PluginError
+from lorarl.config.run import RLConfig
+from lorarl.plugins import ArgsError, PluginError
 from lorarl.trainer.batching import TrainSample, micro_batches
 from lorarl.trainer.loss import (
-    LossInputs,
     LossNorm,
-    load_loss_fn,
     micro_batch_loss,
     policy_loss,
     token_logprobs,
     token_logprobs_and_entropy,
 )
+from lorarl.trainer.losses import LossInputs, policy_term
 from lorarl.trainer.packing import collate_packed
 
 # Three samples of three completion tokens and one with no loss token (all-False mask). Token ratios
@@ -39,8 +40,15 @@ LOW_W = 0.6
 GEO = 1.2
 # The policy's entropy at each target.
 ENT = [[0.9, 1.4, 0.2], [2.0, 0.7, 1.1], [0.5, 1.6, 0.8], [1.0, 1.0, 1.0]]
-# The built-in token-level clip loss as a custom loss_fn (token_clip_loss below).
+# The built-in token-level clip loss as a custom loss (token_clip_loss below), its trust region from args.
 CUSTOM_CLIP = "tests.unit.trainer.test_loss:token_clip_loss"
+CUSTOM = {"type": "custom", "fn": CUSTOM_CLIP, "args": {"ratio_low": LOW, "ratio_high": HIGH}}
+LOSS: TypeAdapter[LossBase] = TypeAdapter(LossConfig)
+
+
+def loss_section(**keys) -> LossBase:
+    """A [trainer.loss] section; "ppo" unless `keys` give a type."""
+    return LOSS.validate_python({"type": "ppo", **keys})
 
 
 def samples_with(old: list[list[float]], mask: list[list[bool]], advantages: list[float]) -> list[TrainSample]:
@@ -60,7 +68,7 @@ def on_loss_tokens(*tables: list[list[float]]) -> list[tuple[float, ...]]:
     return [v[:-1] for rows in zip(*tables, MASK, strict=True) for v in zip(*rows, strict=True) if v[-1]]
 
 
-def reference_loss(new, old, mask, adv, cfg: LossConfig, *, frozen=None, ref=None, ent=None) -> float:
+def reference_loss(new, old, mask, adv, cfg: LossBase, *, frozen=None, ref=None, ent=None) -> float:
     """The module docstrings of loss.py and mismatch.py, one token at a time, for the options of `cfg`.
     What the loss takes without gradient (CISPO's weight, pi_old and the mismatch weight) comes from
     `frozen`: the unperturbed logprobs while central differences perturb `new`."""
@@ -70,7 +78,7 @@ def reference_loss(new, old, mask, adv, cfg: LossConfig, *, frozen=None, ref=Non
     n_samples = sum(any(m) for m in mask)
 
     def ratio(logprobs, i, t, loss_tokens):
-        if cfg.ratio_level == "sequence":
+        if getattr(cfg, "ratio_level", "token") == "sequence":
             return math.exp(sum(logprobs[i][u] - anchor[i][u] for u in loss_tokens) / len(loss_tokens))
         return math.exp(logprobs[i][t] - anchor[i][t])
 
@@ -82,9 +90,13 @@ def reference_loss(new, old, mask, adv, cfg: LossConfig, *, frozen=None, ref=Non
         row = 0.0
         for t in loss_tokens:
             r, a = ratio(new, i, t, loss_tokens), adv[i]
-            if cfg.ratio_mode == "clip":
+            if cfg.type in ("ppo", "custom"):  # the custom loss is the token-level clip
                 g = -min(r * a, min(max(r, 1 - LOW), 1 + HIGH) * a)
-            elif cfg.ratio_mode == "mask":
+            elif cfg.type == "importance_sampling":
+                g = -r * a
+            elif cfg.type == "cross_entropy":
+                g = -a * new[i][t]
+            elif cfg.type == "mask":
                 g = -r * a if 1 - LOW <= r <= 1 + HIGH else 0.0
             else:  # cispo
                 g = -min(max(ratio(frozen, i, t, loss_tokens), 1 - LOW), 1 + HIGH) * a * new[i][t]
@@ -129,10 +141,12 @@ def central_differences(f, table: list[list[float]], h: float = 1e-6) -> list[li
 
 
 @lorarl.plugin("loss")
-def token_clip_loss(inputs: LossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The built-in token-level "clip" loss, written as a custom loss_fn."""
+def token_clip_loss(
+    inputs: LossInputs, *, ratio_low: float, ratio_high: float
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The built-in token-level "ppo" loss, written as a custom loss with its trust region from args."""
     ratio = torch.exp((inputs.logprobs - inputs.sampler_logprobs) * inputs.loss_mask)
-    low, high = 1 - inputs.cfg.ratio_low, 1 + inputs.cfg.ratio_high
+    low, high = 1 - ratio_low, 1 + ratio_high
     loss = -torch.minimum(ratio * inputs.advantages, ratio.clamp(low, high) * inputs.advantages)
     clipped = ((ratio < low) | (ratio > high)) & inputs.loss_mask
     return loss, {"clipped_frac": clipped.sum() / inputs.loss_mask.sum().clamp(min=1)}
@@ -150,11 +164,12 @@ def per_token_metric(inputs: LossInputs) -> tuple[torch.Tensor, dict[str, torch.
 
 # The 24 variants of ratio level, mode, norm and KL penalty; CISPO in each; then the mismatch
 # corrections, under which the trust region's ratio is pi_trainer / pi_old whatever its level and mode;
-# the entropy bonus; and a custom loss that is the built-in token-level clip loss.
+# the entropy bonus; the unclipped types (importance sampling, cross entropy); and a custom loss that is the
+# built-in token-level clip loss, its trust region given as args.
 VARIANTS = [
-    {"ratio_level": level, "ratio_mode": mode, "norm": norm, "kl_coef": kl}
+    {"ratio_level": level, "type": mode, "norm": norm, "kl_coef": kl}
     for level in ("token", "sequence")
-    for mode in ("clip", "mask", "cispo")
+    for mode in ("ppo", "mask", "cispo")
     for norm in ("token", "sequence", "constant")
     for kl in (0.0, 0.3)
 ]
@@ -169,24 +184,31 @@ VARIANTS += [
        "kl_coef": 0.3} for level in ("token", "sequence")),
     *({"mismatch_correction": c, "mismatch_geo_mask": GEO, "mismatch_cap": CAP, "mismatch_low": LOW_W,
        "norm": "sequence"} for c in ("none", "tis", "icepop")),
-    {"mismatch_geo_mask": GEO, "ratio_level": "sequence", "ratio_mode": "cispo"},
-    {"mismatch_correction": "tis", "mismatch_cap": CAP, "ratio_level": "sequence", "ratio_mode": "mask"},
-    {"mismatch_correction": "mis", "mismatch_level": "sequence", "mismatch_cap": CAP, "ratio_mode": "cispo"},
+    {"mismatch_geo_mask": GEO, "ratio_level": "sequence", "type": "cispo"},
+    {"mismatch_correction": "tis", "mismatch_cap": CAP, "ratio_level": "sequence", "type": "mask"},
+    {"mismatch_correction": "mis", "mismatch_level": "sequence", "mismatch_cap": CAP, "type": "cispo"},
     *({"entropy_coef": 0.05, "norm": norm} for norm in ("token", "sequence", "constant")),
-    {"entropy_coef": 0.05, "ratio_mode": "cispo", "ratio_level": "sequence", "kl_coef": 0.3, "norm": "sequence",
+    {"entropy_coef": 0.05, "type": "cispo", "ratio_level": "sequence", "kl_coef": 0.3, "norm": "sequence",
      "mismatch_correction": "tis", "mismatch_level": "sequence", "mismatch_cap": CAP},
-    *({"loss_fn": CUSTOM_CLIP, "norm": norm, "kl_coef": 0.3} for norm in ("token", "sequence", "constant")),
-    {"loss_fn": CUSTOM_CLIP, "entropy_coef": 0.05},
+    *({"type": t, "norm": norm, "kl_coef": 0.3} for t in ("importance_sampling", "cross_entropy")
+      for norm in ("token", "sequence", "constant")),
+    {"type": "importance_sampling", "mismatch_correction": "tis", "mismatch_cap": CAP, "entropy_coef": 0.05},
+    {"type": "cross_entropy", "mismatch_geo_mask": GEO, "mismatch_correction": "icepop", "mismatch_cap": CAP,
+     "mismatch_low": LOW_W},
+    *({**CUSTOM, "norm": norm, "kl_coef": 0.3} for norm in ("token", "sequence", "constant")),
+    {**CUSTOM, "entropy_coef": 0.05},
 ]  # fmt: skip
 
 
-def loss_config(variant: dict) -> LossConfig:
+def loss_config(variant: dict) -> LossBase:
     constant = {"norm_constant": 40.0} if variant.get("norm") == "constant" else {}
-    return LossConfig(ratio_low=LOW, ratio_high=HIGH, **constant | variant)
+    trust_region = variant.get("type", "ppo") in ("ppo", "mask", "cispo")
+    region = {"ratio_low": LOW, "ratio_high": HIGH} if trust_region else {}
+    return loss_section(**region | constant | variant)
 
 
 def variant_id(variant: dict) -> str:
-    return "-".join(f"{k}={v}" for k, v in variant.items())
+    return "-".join(f"{k}={v}" for k, v in variant.items() if k != "args")
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=variant_id)
@@ -221,10 +243,10 @@ def test_policy_loss_and_its_gradient_match_a_direct_computation(variant: dict) 
     if cfg.kl_coef:
         k3 = [math.exp(r - n) - (r - n) - 1 for r, n in on_loss_tokens(REF, NEW)]
         assert math.isclose(stats["kl_to_base"].item(), sum(k3) / len(k3), rel_tol=1e-6)
-    assert ("ratio/mean" in stats) == (cfg.loss_fn is None)
+    assert ("ratio/mean" in stats) == (cfg.type not in ("custom", "cross_entropy"))
     if cfg.mismatch_correction != "none":
         # The trust region's ratio pi_trainer / pi_old is 1; the mismatch weights as in the comment at CAP.
-        assert stats["ratio/mean"].item() == 1.0 and stats["ratio/out_of_range_frac"].item() == 0.0
+        assert stats.get("ratio/mean", 1.0) == 1.0 and stats.get("ratio/out_of_range_frac", 0.0) == 0.0
         # Flagged loss tokens (token level, sequence level), as in the comments at CAP and LOW_W.
         flagged = {"tis": (1, 3), "mis": (1, 3), "icepop": (2, 5)}[cfg.mismatch_correction]
         key = "mismatch/capped_frac" if cfg.mismatch_correction == "tis" else "mismatch/masked_frac"
@@ -291,14 +313,14 @@ def test_packed_rows_give_the_padded_loss_gradient_and_stats(variant: dict) -> N
         torch.testing.assert_close(ent_packed.grad, packed_like(ent.grad.tolist()).where(packed.loss_mask, 0.0))
 
 
-@pytest.mark.parametrize("mode", ["clip", "mask", "cispo"])
+@pytest.mark.parametrize("mode", ["ppo", "mask", "cispo"])
 def test_ratio_stats_are_of_the_ratio_the_loss_uses(mode: str) -> None:
     """out_of_range_frac: the fraction of loss tokens clipped ("clip", "cispo") or masked."""
     batch = batch_with(OLD, MASK, ADV)
     new = torch.tensor(NEW)
     norm = LossNorm("token", 8)
-    _, per_token = policy_loss(new, batch, LossConfig(ratio_level="token", ratio_mode=mode), norm)
-    _, per_sample = policy_loss(new, batch, LossConfig(ratio_level="sequence", ratio_mode=mode), norm)
+    _, per_token = policy_loss(new, batch, loss_section(ratio_level="token", type=mode), norm)
+    _, per_sample = policy_loss(new, batch, loss_section(ratio_level="sequence", type=mode), norm)
     # 8 loss tokens. Per token, e^0.5 = 1.65 and e^-0.7 = 0.50 are out of [0.8, 1.28]; per sample, the
     # second (2 loss tokens) is.
     assert math.isclose(per_token["ratio/out_of_range_frac"].item(), 2 / 8, rel_tol=1e-6)
@@ -317,16 +339,16 @@ def test_ratio_stats_are_of_the_ratio_the_loss_uses(mode: str) -> None:
 
 @pytest.mark.parametrize(
     "extra",
-    [{}, {"ratio_mode": "cispo"}, {"mismatch_correction": "mis", "mismatch_level": "sequence", "mismatch_cap": CAP},
-     {"entropy_coef": 0.1}, {"loss_fn": CUSTOM_CLIP}],
+    [{}, {"type": "cispo"}, {"mismatch_correction": "mis", "mismatch_level": "sequence", "mismatch_cap": CAP},
+     {"entropy_coef": 0.1}, CUSTOM],
     ids=variant_id,
 )  # fmt: skip
 @pytest.mark.parametrize("norm", ["token", "sequence", "constant"])
 @pytest.mark.parametrize("level", ["token", "sequence"])
 def test_micro_batch_losses_add_up_to_the_step_loss(norm: str, level: str, extra: dict) -> None:
     """Gradient accumulation: the step's normalizer is fixed before the micro-batches run."""
-    cfg = LossConfig(ratio_level=level, norm=norm, norm_constant=40.0 if norm == "constant" else None, kl_coef=0.1,
-                     **extra)  # fmt: skip
+    level_key = {} if extra.get("type") == "custom" else {"ratio_level": level}
+    cfg = loss_section(**level_key, norm=norm, norm_constant=40.0 if norm == "constant" else None, kl_coef=0.1, **extra)
     samples = samples_with(OLD, MASK, ADV)
     step_norm = LossNorm.for_step(cfg, samples)
     new, ref, ent = torch.tensor(NEW), torch.tensor(REF), torch.tensor(ENT)
@@ -340,12 +362,12 @@ def test_micro_batch_losses_add_up_to_the_step_loss(norm: str, level: str, extra
 
 def test_loss_norm_denominators() -> None:
     samples = samples_with(OLD, MASK, ADV)
-    assert LossNorm.for_step(LossConfig(norm="token"), samples) == LossNorm("token", 8)
+    assert LossNorm.for_step(loss_section(norm="token"), samples) == LossNorm("token", 8)
     # The sample without loss tokens does not count.
-    assert LossNorm.for_step(LossConfig(norm="sequence"), samples) == LossNorm("sequence", 3)
-    assert LossNorm.for_step(LossConfig(norm="constant", norm_constant=512), samples) == LossNorm("constant", 512)
+    assert LossNorm.for_step(loss_section(norm="sequence"), samples) == LossNorm("sequence", 3)
+    assert LossNorm.for_step(loss_section(norm="constant", norm_constant=512), samples) == LossNorm("constant", 512)
     with pytest.raises(ValueError, match="norm_constant"):
-        LossConfig(norm="constant")
+        loss_section(norm="constant")
 
 
 def test_on_policy_gradient_is_the_reinforce_gradient() -> None:
@@ -354,7 +376,7 @@ def test_on_policy_gradient_is_the_reinforce_gradient() -> None:
     samples = samples_with(old, [[True, True], [True, False]], [2.0, -1.0])
     batch = next(micro_batches(samples, size=2, pad_id=0))
     new = torch.tensor(old, requires_grad=True)
-    loss, _ = policy_loss(new, batch, LossConfig(), LossNorm.for_step(LossConfig(), samples))
+    loss, _ = policy_loss(new, batch, loss_section(), LossNorm.for_step(loss_section(), samples))
     loss.backward()
     assert torch.allclose(new.grad, torch.tensor([[-2 / 3, -2 / 3], [1 / 3, 0.0]]))
 
@@ -429,7 +451,7 @@ def bigram_batch(model: BigramModel):
     return samples, next(micro_batches(samples, size=2, pad_id=0))
 
 
-def loss_and_table_grad(model: BigramModel, batch, cfg: LossConfig, norm: LossNorm):
+def loss_and_table_grad(model: BigramModel, batch, cfg: LossBase, norm: LossNorm):
     model.zero_grad()
     loss, stats = micro_batch_loss(model, batch, cfg, norm)  # type: ignore[arg-type]  # no adapter needed
     loss.backward()
@@ -440,9 +462,9 @@ def loss_and_table_grad(model: BigramModel, batch, cfg: LossConfig, norm: LossNo
 def test_the_entropy_bonus_subtracts_entropy_coef_times_the_mean_entropy() -> None:
     model = BigramModel()
     samples, batch = bigram_batch(model)
-    norm = LossNorm.for_step(LossConfig(), samples)  # token: the batch's 8 loss tokens
-    loss, stats, grad = loss_and_table_grad(model, batch, LossConfig(), norm)
-    bonus_loss, bonus_stats, bonus_grad = loss_and_table_grad(model, batch, LossConfig(entropy_coef=0.1), norm)
+    norm = LossNorm.for_step(loss_section(), samples)  # token: the batch's 8 loss tokens
+    loss, stats, grad = loss_and_table_grad(model, batch, loss_section(), norm)
+    bonus_loss, bonus_stats, bonus_grad = loss_and_table_grad(model, batch, loss_section(entropy_coef=0.1), norm)
     assert bonus_stats["entropy"].item() == stats["entropy"].item() > 0
     assert math.isclose(bonus_loss.item(), loss.item() - 0.1 * stats["entropy"].item(), rel_tol=1e-6)
     # The difference of the gradients is that of -0.1 * the mean entropy over the loss tokens.
@@ -452,15 +474,15 @@ def test_the_entropy_bonus_subtracts_entropy_coef_times_the_mean_entropy() -> No
     assert model.table.grad is not None and model.table.grad.abs().sum() > 0
     torch.testing.assert_close(bonus_grad - grad, model.table.grad, rtol=1e-5, atol=1e-7)
     with pytest.raises(ValueError, match="needs the entropy"):
-        policy_loss(torch.tensor(NEW), batch_with(OLD, MASK, ADV), LossConfig(entropy_coef=0.1), norm)
+        policy_loss(torch.tensor(NEW), batch_with(OLD, MASK, ADV), loss_section(entropy_coef=0.1), norm)
 
 
 @pytest.mark.parametrize("norm", ["token", "sequence", "constant"])
 def test_a_custom_loss_that_is_the_clip_loss_gives_the_built_in_loss_and_gradients(norm: str) -> None:
     model = BigramModel()
     samples, batch = bigram_batch(model)
-    builtin = LossConfig(norm=norm, norm_constant=40.0 if norm == "constant" else None, kl_coef=0.0)
-    custom = builtin.model_copy(update={"loss_fn": CUSTOM_CLIP})
+    builtin = loss_section(norm=norm, norm_constant=40.0 if norm == "constant" else None, kl_coef=0.0)
+    custom = loss_section(**CUSTOM, norm=norm, norm_constant=40.0 if norm == "constant" else None, kl_coef=0.0)
     step_norm = LossNorm.for_step(builtin, samples)
     loss, stats, grad = loss_and_table_grad(model, batch, builtin, step_norm)
     custom_loss, custom_stats, custom_grad = loss_and_table_grad(model, batch, custom, step_norm)
@@ -475,35 +497,48 @@ def test_a_custom_loss_that_is_the_clip_loss_gives_the_built_in_loss_and_gradien
         assert custom_stats[key].item() == stats[key].item()
 
 
+def custom(fn: str, **args: object) -> CustomLoss:
+    return CustomLoss(fn=f"tests.unit.trainer.test_loss:{fn}" if ":" not in fn else fn, args=args)
+
+
 def test_a_custom_loss_is_checked_where_it_is_loaded_and_where_it_returns() -> None:
-    assert load_loss_fn(CUSTOM_CLIP) is token_clip_loss
-    with pytest.raises(PluginError, match="trainer.loss.loss_fn 'tests.unit.no_such_module:f': No module named"):
-        load_loss_fn("tests.unit.no_such_module:f")
+    assert policy_term(custom("token_clip_loss", ratio_low=LOW, ratio_high=HIGH)) == (
+        token_clip_loss,
+        {"ratio_low": LOW, "ratio_high": HIGH},
+    )
+    with pytest.raises(PluginError, match="trainer.loss.fn 'tests.unit.no_such_module:f': No module named"):
+        policy_term(custom("tests.unit.no_such_module:f"))
     with pytest.raises(PluginError, match="has no attribute 'no_such_loss'"):
-        load_loss_fn("tests.unit.trainer.test_loss:no_such_loss")
-    with pytest.raises(PluginError, match="trainer.loss.loss_fn '.*:CAP' is a float, not a function"):
-        load_loss_fn("tests.unit.trainer.test_loss:CAP")
+        policy_term(custom("no_such_loss"))
+    with pytest.raises(PluginError, match="trainer.loss.fn '.*:CAP' is a float, not a function"):
+        policy_term(custom("CAP"))
+    with pytest.raises(ArgsError, match="args do not fit token_clip_loss: missing a required argument: 'ratio_high'"):
+        policy_term(custom("token_clip_loss", ratio_low=LOW))
+    with pytest.raises(ArgsError, match="args.ratio_low = 'wide': token_clip_loss takes ratio_low: float"):
+        policy_term(custom("token_clip_loss", ratio_low="wide", ratio_high=HIGH))
     batch, norm = batch_with(OLD, MASK, ADV), LossNorm("token", 8)
     with pytest.raises(TypeError, match=r"returned \(\), not a per-token loss of shape \(4, 3\)"):
-        policy_loss(torch.tensor(NEW), batch, LossConfig(loss_fn="tests.unit.trainer.test_loss:scalar_loss"), norm)
+        policy_loss(torch.tensor(NEW), batch, custom("scalar_loss"), norm)
     with pytest.raises(TypeError, match=r"metrics \['logprobs'\] are not scalar tensors"):
-        policy_loss(torch.tensor(NEW), batch, LossConfig(loss_fn="tests.unit.trainer.test_loss:per_token_metric"), norm)
+        policy_loss(torch.tensor(NEW), batch, custom("per_token_metric"), norm)
 
 
 @pytest.mark.parametrize("value", ["mypkg.losses", "mypkg.losses:", ":my_loss", "my pkg:loss", "mypkg:losses.my_loss"])
-def test_loss_fn_is_checked_for_the_module_function_form_at_config_load(value: str) -> None:
-    with pytest.raises(ConfigError, match="trainer.loss.loss_fn.*not of the form 'package.module:function'"):
-        load_config(RLConfig, ["--model.name", "m", "--trainer.loss.loss_fn", value])
+def test_a_custom_loss_is_checked_for_the_module_function_form_at_config_load(value: str) -> None:
+    with pytest.raises(ConfigError, match="trainer.loss.fn: .*not of the form 'package.module:function'"):
+        load_config(RLConfig, ["--model.name", "m", "--trainer.loss.type", "custom", "--trainer.loss.fn", value])
     # Only the form: the module is imported by the trainer, so a config may name one not importable here.
-    cfg = load_config(RLConfig, ["--model.name", "m", "--trainer.loss.loss_fn", "mypkg.losses:my_loss"])
-    assert cfg.trainer.loss.loss_fn == "mypkg.losses:my_loss"
+    flags = ["--trainer.loss.type", "custom", "--trainer.loss.fn", "mypkg.losses:my_loss"]
+    cfg = load_config(RLConfig, ["--model.name", "m", *flags, "--trainer.loss.args", '{"beta": 0.1}'])
+    assert isinstance(cfg.trainer.loss, CustomLoss)
+    assert (cfg.trainer.loss.fn, cfg.trainer.loss.args) == ("mypkg.losses:my_loss", {"beta": 0.1})
 
 
 def test_a_custom_loss_does_not_take_a_mismatch_correction() -> None:
     with pytest.raises(ValueError, match="would correct twice"):
-        LossConfig(loss_fn=CUSTOM_CLIP, mismatch_correction="tis")
+        loss_section(**CUSTOM, mismatch_correction="tis")
     with pytest.raises(ValueError, match="leave mismatch_geo_mask out"):
-        LossConfig(loss_fn=CUSTOM_CLIP, mismatch_geo_mask=1.01)
+        loss_section(**CUSTOM, mismatch_geo_mask=1.01)
 
 
 @pytest.mark.parametrize("correction", ["tis", "mis"])
@@ -513,7 +548,7 @@ def test_a_sequence_mismatch_weight_beyond_float_range_is_capped_or_masked_not_i
     samples = samples_with(old, [[True] * 200] * 2, [1.0, 1.0])
     batch = next(micro_batches(samples, size=2, pad_id=0))
     new = torch.tensor([[-2.0] * 200, [-2.0] * 200], requires_grad=True)
-    cfg = LossConfig(mismatch_correction=correction, mismatch_level="sequence")
+    cfg = loss_section(mismatch_correction=correction, mismatch_level="sequence")
     loss, stats = policy_loss(new, batch, cfg, LossNorm.for_step(cfg, samples))
     loss.backward()
     assert new.grad is not None and torch.isfinite(new.grad).all() and math.isfinite(loss.item())

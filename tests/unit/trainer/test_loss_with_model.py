@@ -10,10 +10,13 @@ from pathlib import Path
 import peft
 import pytest
 import torch
+from pydantic import TypeAdapter
 from safetensors.torch import load_file
 from transformers import PreTrainedModel
 
-from lorarl.config.models import LoraConfig, LossConfig, RLConfig
+from lorarl.config.algorithms import LossBase, LossConfig
+from lorarl.config.model import LoraConfig
+from lorarl.config.run import RLConfig
 from lorarl.rollouts import Rollout, RolloutBatch
 from lorarl.run_folder import RunFolder
 from lorarl.tiny_model import build_model, build_tokenizer
@@ -25,6 +28,13 @@ from lorarl.trainer.rl import policy_gradient_loss, train
 from lorarl.trainer.skeleton import forward_backward_step, forward_passes
 
 TEMPERATURE = 0.8
+
+LOSS: TypeAdapter[LossBase] = TypeAdapter(LossConfig)
+
+
+def loss_section(**keys: object) -> LossBase:
+    """A [trainer.loss] section; "ppo" unless `keys` give a type."""
+    return LOSS.validate_python({"type": "ppo", **keys})
 
 
 def tiny_qwen3() -> PreTrainedModel:
@@ -59,7 +69,7 @@ def rollout_samples() -> list[TrainSample]:
 def test_kl_to_base_is_against_the_model_with_its_adapter_disabled() -> None:
     samples = rollout_samples()
     batch = next(micro_batches(samples, size=len(samples), pad_id=0))
-    cfg = LossConfig(kl_coef=0.5)
+    cfg = loss_section(kl_coef=0.5)
     norm = LossNorm.for_step(cfg, samples)
     base = tiny_qwen3()
     with torch.no_grad():
@@ -84,7 +94,7 @@ def test_kl_to_base_is_against_the_model_with_its_adapter_disabled() -> None:
     assert torch.equal(token_logprobs(model, batch), policy)
 
     # Without the penalty the base model is not run, and the stat is absent.
-    _, stats = micro_batch_loss(model, batch, LossConfig(), norm)
+    _, stats = micro_batch_loss(model, batch, loss_section(), norm)
     assert "kl_to_base" not in stats
 
 
@@ -105,7 +115,7 @@ def loss_and_grads(checkpointing: bool) -> tuple[float, dict[str, torch.Tensor],
     mlp.forward = counted
     model.train()
     samples = rollout_samples()
-    cfg = LossConfig(kl_coef=0.1)
+    cfg = loss_section(kl_coef=0.1)
     norm = LossNorm.for_step(cfg, samples)
     total = 0.0
     for mb in micro_batches(samples, size=2, pad_id=0):
@@ -130,24 +140,30 @@ def test_gradient_checkpointing_gives_the_same_loss_and_gradients() -> None:
 
 
 VARIANTS = [
-    {"ratio_level": level, "ratio_mode": mode, "norm": norm, "kl_coef": kl}
+    {"ratio_level": level, "type": mode, "norm": norm, "kl_coef": kl}
     for level in ("token", "sequence")
-    for mode in ("clip", "mask")
+    for mode in ("ppo", "mask")
     for norm in ("token", "sequence", "constant")
     for kl in (0.0, 0.3)
 ]
 # CISPO, the mismatch corrections (a cap of 1.3 that some token weights, of noise sd 0.25, pass), the
 # entropy bonus (its gradient through the model) and a custom loss (test_loss.token_clip_loss).
 VARIANTS += [
-    {"ratio_level": "token", "ratio_mode": "cispo", "norm": "token", "kl_coef": 0.0},
-    {"ratio_level": "sequence", "ratio_mode": "cispo", "norm": "sequence", "kl_coef": 0.3},
+    {"ratio_level": "token", "type": "cispo", "norm": "token", "kl_coef": 0.0},
+    {"ratio_level": "sequence", "type": "cispo", "norm": "sequence", "kl_coef": 0.3},
     {"mismatch_correction": "tis", "mismatch_level": "token", "mismatch_cap": 1.3, "norm": "token"},
     {"mismatch_correction": "tis", "mismatch_level": "sequence", "mismatch_cap": 1.3, "norm": "sequence"},
     {"mismatch_correction": "mis", "mismatch_level": "token", "mismatch_cap": 1.3, "norm": "constant"},
     {"mismatch_correction": "mis", "mismatch_level": "sequence", "mismatch_cap": 1.3, "norm": "token", "kl_coef": 0.3},
     {"entropy_coef": 0.1, "norm": "token"},
-    {"entropy_coef": 0.1, "ratio_mode": "cispo", "norm": "sequence", "kl_coef": 0.3},
-    {"loss_fn": "tests.unit.trainer.test_loss:token_clip_loss", "norm": "sequence", "kl_coef": 0.3},
+    {"entropy_coef": 0.1, "type": "cispo", "norm": "sequence", "kl_coef": 0.3},
+    {
+        "type": "custom",
+        "fn": "tests.unit.trainer.test_loss:token_clip_loss",
+        "args": {"ratio_low": 0.2, "ratio_high": 0.28},
+        "norm": "sequence",
+        "kl_coef": 0.3,
+    },
 ]
 SEQ_LEN = 32
 
@@ -247,8 +263,8 @@ def test_a_chunked_output_head_keeps_no_logits_for_the_backward_pass(chunk: int)
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
-        loss, _ = micro_batch_loss(model, batch, LossConfig(entropy_coef=0.1), LossNorm.for_step(LossConfig(), samples),
-                                   chunk)  # fmt: skip
+        norm = LossNorm.for_step(loss_section(), samples)
+        loss, _ = micro_batch_loss(model, batch, loss_section(entropy_coef=0.1), norm, chunk)
     loss.backward()
     targets = batch.loss_mask.numel()
     assert max(kept, default=0) == (0 if chunk else targets)
@@ -270,12 +286,12 @@ def test_packed_rows_give_the_loss_gradients_and_stats_of_padded_rows(loss: dict
 
     unpacked_stats, unpacked_grads = step_loss_stats_and_grads(model, samples, variant_config(loss, False))
     packed_stats, packed_grads = step_loss_stats_and_grads(model, samples, variant_config(loss, True))
-    if cfg.ratio_level == "token" and cfg.mismatch_correction == "none" and cfg.loss_fn is None:
+    if getattr(cfg, "ratio_level", "token") == "token" and cfg.mismatch_correction == "none" and cfg.type != "custom":
         assert 0.05 < unpacked_stats["ratio/out_of_range_frac"] < 0.95
     if cfg.mismatch_correction != "none":
         flagged = "mismatch/capped_frac" if cfg.mismatch_correction == "tis" else "mismatch/masked_frac"
         assert 0.05 < unpacked_stats[flagged] < 0.95
-    if cfg.loss_fn is not None:
+    if cfg.type == "custom":
         assert 0.05 < unpacked_stats["loss_fn/clipped_frac"] < 0.95
     assert ("kl_to_base" in packed_stats) == (cfg.kl_coef > 0)
     assert_same_step(packed_stats, packed_grads, unpacked_stats, unpacked_grads)
@@ -349,7 +365,7 @@ def rollouts_for(step: int) -> list[Rollout]:
     "loss",
     [
         {"kl_coef": 0.1, "norm": "sequence", "ratio_level": "sequence"},
-        {"norm": "constant", "norm_constant": 64.0, "ratio_mode": "mask"},
+        {"norm": "constant", "norm_constant": 64.0, "type": "mask"},
         {"mismatch_correction": "tis", "mismatch_level": "sequence", "entropy_coef": 0.01},
     ],
 )

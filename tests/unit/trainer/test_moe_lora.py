@@ -31,7 +31,9 @@ from vllm.lora.peft_helper import PEFTHelper
 from vllm.model_executor.models.qwen3_moe import Qwen3MoeForCausalLM as VllmQwen3Moe
 
 from lorarl.config.loader import load_config
-from lorarl.config.models import LoraConfig, RLConfig, SFTConfig
+from lorarl.config.model import LoraConfig
+from lorarl.config.run import RLConfig
+from lorarl.config.sft import SFTConfig
 from lorarl.inference.client import fused_expert_lora
 from lorarl.launcher.plan import worker_command
 from lorarl.rollouts import RolloutBatch
@@ -57,7 +59,7 @@ def vllm_loads(folder: Path, cfg: RLConfig) -> LoRAModel:
     """The adapter as a vLLM worker loads it for a Qwen3-MoE served as `rl` starts it for `cfg`
     (--enable-mixed-moe-lora-format, and a load request with is_3d_lora_weight = true), its expert LoRA
     split into per-expert w1/w2/w3."""
-    command = worker_command(cfg)
+    command = worker_command(cfg, 1)
     assert "--enable-mixed-moe-lora-format" in command
     assert fused_expert_lora(str(folder))  # so the orchestrator's load request says is_3d_lora_weight
     helper = PEFTHelper.from_local_dir(str(folder), max_position_embeddings=2048)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p_pytorch
 
-from lorarl.config.models import LossConfig
+from lorarl.config.algorithms import PPOLoss
 from lorarl.trainer.batching import TrainSample, micro_batches
 from lorarl.trainer.loss import LossNorm, Nucleus, policy_loss, token_logprobs, token_logprobs_and_entropy
 from lorarl.trainer.mismatch import effective_sample_size
@@ -79,7 +79,7 @@ def test_the_effective_sample_size_of_the_step_is_of_its_token_weights() -> None
     """(sum w)^2 / (n sum w^2) over the 8 loss tokens, from two micro-batches weighed by their tokens
     as the trainer sums them (rl.policy_gradient_loss)."""
     samples = samples_with(OLD, MASK, ADV)
-    cfg = LossConfig(mismatch_correction="tis")
+    cfg = PPOLoss(mismatch_correction="tis")
     norm = LossNorm.for_step(cfg, samples)
     step: dict[str, float] = {}
     for i, batch in zip((0, 2), micro_batches(samples, size=2, pad_id=0), strict=True):

@@ -4,7 +4,7 @@ segments and masks, and the logprobs and gradients they give against the dense-m
 import pytest
 import torch
 
-from lorarl.config.models import LoraConfig
+from lorarl.config.model import LoraConfig
 from lorarl.tiny_model import build_model, build_tokenizer
 from lorarl.trainer import packing
 from lorarl.trainer.attention import SEGMENTS_KWARG, Segment, Segments

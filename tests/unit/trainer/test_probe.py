@@ -10,7 +10,7 @@ import peft
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from lorarl.config.models import RLConfig
+from lorarl.config.run import RLConfig
 from lorarl.orchestrator.served_check import max_abs_diff
 from lorarl.run_folder import PROBE_FILE
 from lorarl.trainer.broadcast import write_policy

@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from lorarl.chat import encode_chat, tokenize_with_assistant_mask
-from lorarl.config.models import SFTDataConfig
+from lorarl.config.sft import SFTDataConfig
 from lorarl.orchestrator.envs.calculator import Calculator
 from lorarl.orchestrator.envs.search import Search
 from lorarl.tiny_model import build_tokenizer

@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 
 import lorarl.trainer.sft as sft
 from lorarl.config.loader import load_config
-from lorarl.config.models import SFTConfig
+from lorarl.config.sft import SFTConfig
 from lorarl.run_folder import RunFolder, RunFolderError
 from lorarl.tiny_model import save_tiny_model
 

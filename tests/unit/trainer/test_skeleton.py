@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lorarl.config.models import LoraConfig
+from lorarl.config.model import LoraConfig
 from lorarl.run_folder import RunFolder
 from lorarl.tiny_model import build_model, build_tokenizer
 from lorarl.trainer.batching import TrainSample

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from lorarl.config.loader import load_config
-from lorarl.config.models import RLConfig, SFTConfig
-from lorarl.launcher.supervisor import TRAINING_STOPPED
+from lorarl.config.run import RLConfig
+from lorarl.config.sft import SFTConfig
+from lorarl.exit_codes import TRAINING_STOPPED
 from lorarl.rollouts import RolloutBatch
 from lorarl.run_folder import RunFolder
 from lorarl.trainer import rl, sft

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from lorarl.config.models import RLConfig
+from lorarl.config.run import RLConfig
 from lorarl.rollouts import Rollout, RolloutBatch
 from lorarl.run_folder import RunFolder
 from lorarl.trainer.rl import train, train_step

@@ -14,8 +14,6 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from pydantic import ConfigDict, PydanticSchemaGenerationError, PydanticUserError, TypeAdapter, ValidationError
-
 from lorarl.orchestrator.envs.alphabet_sort import AlphabetSort
 from lorarl.orchestrator.envs.base import Environment
 from lorarl.orchestrator.envs.calculator import Calculator
@@ -23,7 +21,7 @@ from lorarl.orchestrator.envs.math_problems import MathProblems
 from lorarl.orchestrator.envs.reverse_text import ReverseText
 from lorarl.orchestrator.envs.search import Search
 from lorarl.orchestrator.envs.unscramble import Unscramble
-from lorarl.plugins import PluginError, declared_kind, how_to_declare, import_attribute
+from lorarl.plugins import PluginError, declared_kind, fit_args, how_to_declare, import_attribute
 
 BUILTIN: dict[str, type[Environment]] = {
     env.name: env for env in (ReverseText, AlphabetSort, Unscramble, MathProblems, Search, Calculator)
@@ -35,12 +33,6 @@ BRIDGES: dict[str, str] = {
     "reasoning_gym": "lorarl.orchestrator.envs.reasoning_gym_env",
     "verifiers": "lorarl.orchestrator.envs.verifiers_env",
 }
-# Annotations of any class are checked by isinstance (pydantic knows no schema for most of them).
-_ANY_TYPE = ConfigDict(arbitrary_types_allowed=True)
-
-
-class EnvArgsError(ValueError):
-    """`args` that do not fit the factory; str() is one line that starts with "args" and names the arg."""
 
 
 def bridge(env_id: str) -> tuple[ModuleType, str | None] | None:
@@ -81,55 +73,6 @@ def _return_type(fn: Callable[..., Any]) -> object:
         return typing.get_type_hints(fn).get("return")
     except Exception:  # hints that do not resolve here: no declaration by annotation
         return None
-
-
-def fit_args(factory: Callable[..., Any], args: dict[str, Any]) -> dict[str, Any]:
-    """`args` checked against the factory's signature and parameter annotations (by pydantic, as
-    `pydantic.validate_call` would, without calling it) and converted to the annotated types."""
-    name = getattr(factory, "__name__", repr(factory))
-    signature = _signature(factory)
-    if signature is None:  # no signature to read (a C function): checked when built
-        return args
-    try:
-        signature.bind(**args)
-    except TypeError as e:
-        raise EnvArgsError(f"args do not fit {name}: {e}") from None
-    params = signature.parameters
-    rest = next((p for p in params.values() if p.kind is p.VAR_KEYWORD), None)
-    fitted = {}
-    for arg, value in args.items():
-        param = params[arg] if arg in params and params[arg].kind is not params[arg].VAR_POSITIONAL else rest
-        hint = param.annotation if param is not None else inspect.Parameter.empty
-        if hint is inspect.Parameter.empty or isinstance(hint, str):  # none, or one that did not resolve
-            fitted[arg] = value
-        else:
-            where = f"args.{arg} = {value!r}: {name} takes {arg}: {inspect.formatannotation(hint)}"
-            fitted[arg] = _fit(hint, value, where)
-    return fitted
-
-
-def _signature(factory: Callable[..., Any]) -> inspect.Signature | None:
-    """The factory's signature with its annotations evaluated (left as strings where they do not
-    resolve here: those args are checked by name alone), or None if it has none."""
-    try:
-        return inspect.signature(factory, eval_str=True)
-    except (ValueError, TypeError):
-        return None
-    except Exception:  # an annotation that does not resolve here (a NameError, ...)
-        return inspect.signature(factory)
-
-
-def _fit(hint: Any, value: Any, where: str) -> Any:
-    try:
-        adapter = TypeAdapter(hint, config=_ANY_TYPE)
-    except PydanticUserError:  # a model, dataclass or TypedDict: it has a config of its own
-        adapter = TypeAdapter(hint)
-    except PydanticSchemaGenerationError:  # a type pydantic cannot check: left to the factory
-        return value
-    try:
-        return adapter.validate_python(value)
-    except ValidationError as e:
-        raise EnvArgsError(f"{where} ({e.errors()[0]['msg']})") from None
 
 
 def check_environment(env_id: str, args: dict[str, Any]) -> None:

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from lorarl.config.loader import load_config
-from lorarl.config.models import RLConfig
+from lorarl.config.run import RLConfig
 from lorarl.orchestrator.envs import load_environment
 from tests.conftest import REPO
 from tests.unit.orchestrator.envs.env_play import play_by_hand

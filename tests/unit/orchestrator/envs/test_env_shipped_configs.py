@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from lorarl.config.loader import load_config
-from lorarl.config.models import RLConfig
+from lorarl.config.run import RLConfig
 from lorarl.inference.client import Completion
 from lorarl.orchestrator.envs import load_environment
 from lorarl.orchestrator.envs.base import Environment, Example

@@ -8,7 +8,7 @@ import random
 import pytest
 import verifiers.v1 as vf
 
-from lorarl.config.models import SamplingConfig
+from lorarl.config.orchestrator import SamplingConfig
 from lorarl.orchestrator.envs import check_environment, load_environment
 from lorarl.orchestrator.envs.base import Environment, Example
 from lorarl.orchestrator.envs.verifiers_env import VerifiersTaskset, check_playable

@@ -11,7 +11,7 @@ import verifiers.v1 as vf
 from mcp.server.mcpserver import MCPServer
 
 from examples.verifiers_env.price_lookup import PRICES, Shop
-from lorarl.config.models import SamplingConfig
+from lorarl.config.orchestrator import SamplingConfig
 from lorarl.orchestrator.envs import load_environment
 from lorarl.orchestrator.envs.base import Example
 from lorarl.orchestrator.envs.verifiers_env import VerifiersTaskset, check_playable, vf_messages

@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from lorarl.orchestrator.advantages import group_advantages
+from lorarl.orchestrator.advantages import dr_grpo, grpo
 from lorarl.orchestrator.envs import load_environment
 from lorarl.orchestrator.envs.base import Environment, Episode, WeightedReward
 from lorarl.orchestrator.envs.reverse_text import ReverseText
@@ -72,7 +72,7 @@ def test_unknown_environment_is_a_clear_error() -> None:
 
 
 def test_group_advantages() -> None:
-    assert group_advantages([1.0, 0.0, 0.5], std_normalize=False) == [0.5, -0.5, 0.0]
-    adv = group_advantages([1.0, 0.0])
+    assert dr_grpo([1.0, 0.0, 0.5]) == [0.5, -0.5, 0.0]
+    adv = grpo([1.0, 0.0])
     assert adv[0] == pytest.approx(1.0, abs=1e-5) and adv[1] == pytest.approx(-1.0, abs=1e-5)
-    assert group_advantages([0.3, 0.3, 0.3]) == [0.0, 0.0, 0.0]  # nothing to learn from a tied group
+    assert grpo([0.3, 0.3, 0.3]) == [0.0, 0.0, 0.0]  # nothing to learn from a tied group

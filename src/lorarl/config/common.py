@@ -1,0 +1,56 @@
+"""What every config section shares: the base class that forbids unknown keys and reads field
+docstrings, and the value types and constants that several processes' sections use.
+
+The config is split by process (`run.py` the top level, `model.py`, `trainer.py`, `orchestrator.py`,
+`inference.py`, `cluster.py`, `sft.py`), each module schema and validation only: what a value means at
+run time lives with the code that uses it. Each field's docstring is its one documentation: `--help`
+shows it, and scripts/config_reference.py renders the config reference (docs/config.md) from it.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+# vLLM's --max-lora-rank accepts only these values (docs/vllm.md).
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+# Targets per chunk of the output head and its log-softmax (trainer/loss.py): a 151,936-token vocabulary
+# makes a chunk's float32 logits 78 MB, so the vocabulary costs a fixed ~0.3 GB instead of growing with
+# the row (docs/real_shapes.md: 1.2-1.4x the peak of a 259-token vocabulary, against 1.7-2.1x at 512).
+# Liger-Kernel's fused linear cross-entropy picks 64-256 rows for Qwen3's shapes, for the same reason.
+DEFAULT_LOGITS_CHUNK_SIZE = 128
+LOGITS_CHUNK_DOC = (
+    "Tokens per chunk of the output head: log-probabilities and entropies are computed over the vocabulary "
+    "this many tokens at a time and recomputed in the backward pass, so no [tokens x vocab] float32 tensor is "
+    "ever whole (with Qwen3's 151,936-token vocabulary, 0.6 GB per 1,000 tokens). Same loss and gradients up "
+    "to float rounding, for one more pass of the output head. 0: the whole forward pass at once, nothing "
+    "recomputed (the fastest for small vocabularies and short rows)."
+)
+# A path the user may write with "~": expanded once, when the config is validated, so that every
+# process (vLLM, trainer, orchestrator, each reading the config rl wrote) gets the same folder.
+UserPath = Annotated[Path, AfterValidator(lambda path: path.expanduser())]
+# A seed every consumer takes: vLLM seeds numpy with --seed, which accepts 0 .. 2**32 - 1 only.
+Seed = Annotated[int, Field(ge=0, lt=2**32)]
+
+
+class Section(BaseModel):
+    # Field docstrings become the field descriptions, which `--help` shows.
+    # No NaN or infinity anywhere: an `lr = inf` would train a NaN adapter.
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, use_attribute_docstrings=True, allow_inf_nan=False
+    )
+
+
+# "package.module:function": how a config names a user's function (an environment factory, a loss, an
+# advantage estimator), which lorarl.plugins imports and checks.
+MODULE_FUNCTION = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
+
+
+def module_function(value: str | None) -> str | None:
+    """`value` if it has the form "package.module:function" (or is None); ValueError otherwise."""
+    if value is not None and not MODULE_FUNCTION.fullmatch(value):
+        raise ValueError(f"{value!r} is not of the form 'package.module:function'")
+    return value
