@@ -33,6 +33,8 @@ edit those, then run `{WRITE}`. -->
 
 # Config reference
 
+Look up any option of `rl` or `sft`: its default and what it does.
+
 Every option of `rl`, then those of `sft`, with the text `--help` shows. Defaults are written as in
 TOML; `none`: unset (leave the key out, or give `--key null`). A section that may be left out says
 what "absent" means."""
