@@ -46,12 +46,9 @@ class MonitorConfig(Section):
     turns it on."""
 
 
-class SharedConfig(Section):
-    """Top-level keys that every part of a run reads."""
+class RunFolderConfig(Section):
+    """Top-level keys that every command reads: its run folder, sequence length, seed, metrics."""
 
-    max_steps: int = Field(20, ge=1)
-    """Optimizer steps to train for: each takes one batch (of rollouts in `rl`, of data samples in `sft`);
-    the linear and cosine schedules reach 0 here."""
     seq_len: int = Field(512, ge=16)
     """Most tokens of one sample, prompt plus completion: vLLM's `--max-model-len` in `rl`; in `sft`,
     longer examples are cut or left out (data.truncation). With packing, also the width of a row."""
@@ -95,6 +92,14 @@ class SharedConfig(Section):
     @property
     def run_dir(self) -> Path:
         return self.output_dir / self.run_name
+
+
+class SharedConfig(RunFolderConfig):
+    """Top-level keys that every part of a training run (`rl`, `sft`) reads."""
+
+    max_steps: int = Field(20, ge=1)
+    """Optimizer steps to train for: each takes one batch (of rollouts in `rl`, of data samples in `sft`);
+    the linear and cosine schedules reach 0 here."""
 
 
 class RunMode(Section):

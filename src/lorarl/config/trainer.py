@@ -65,7 +65,34 @@ class ParallelConfig(Section):
         return self
 
 
-class TrainerConfig(Section):
+class ForwardPassConfig(Section):
+    """How a trainer process runs its forward and backward passes, on which devices: what `rl`'s trainer
+    and `lorarl-serve`'s share."""
+
+    micro_batch_size: int = Field(16, ge=1)
+    """Samples per forward/backward pass, or with packing rows of up to seq_len tokens (the same bound on
+    tokens per pass); gradients accumulate over a step's passes."""
+    packing: bool = True
+    """Put several samples into each row, each with position ids from 0 and attention only within itself,
+    as in `sft`: the same loss, gradients and metrics up to float rounding, with less padding (a multi-turn
+    sample that overran seq_len gets a row of its own). False: one sample per padded row."""
+    gradient_checkpointing: bool = False
+    """Recompute each layer's activations in the backward pass: far less activation memory, for one more
+    forward pass per micro-batch. False: keep them."""
+    logits_chunk_size: int = Field(DEFAULT_LOGITS_CHUNK_SIZE, ge=0, description=LOGITS_CHUNK_DOC)
+    num_threads: int | None = Field(None, ge=1)
+    """Torch CPU threads of each trainer rank. None: torch's default (every core), except that `rl`
+    starting vLLM workers on a machine without a GPU and without inference.time_share leaves the
+    workers' cores to them (sharing a core with a generating worker is about 4x slower)."""
+    parallel: ParallelConfig = ParallelConfig()
+    """Data-parallel trainer ranks and weight sharding."""
+    gpu_ids: list[Annotated[int, Field(ge=0)]] | None = None
+    """GPUs of the trainer's ranks, one per rank (parallel.dp of them), as indices among the GPUs `rl`
+    sees: rank i runs on gpu_ids[i]. None: the first parallel.dp GPUs that vLLM does not use (with
+    inference.colocate_with_trainer: the first parallel.dp GPUs). Unused without GPUs."""
+
+
+class TrainerConfig(ForwardPassConfig):
     optim: OptimConfig = OptimConfig()
     """The optimizer, AdamW."""
     scheduler: SchedulerConfig = SchedulerConfig()
@@ -74,13 +101,6 @@ class TrainerConfig(Section):
     """The policy loss, by type ("ppo", "mask", "cispo", "importance_sampling", "cross_entropy", "custom")
     with its own keys, and what every type shares: normalization, KL penalty, entropy bonus, trainer-vLLM
     mismatch correction (config/algorithms.py)."""
-    micro_batch_size: int = Field(16, ge=1)
-    """Samples per forward/backward pass, or with packing rows of up to seq_len tokens (the same bound on
-    tokens per pass); gradients accumulate over a step's passes."""
-    packing: bool = True
-    """Put several samples into each row, each with position ids from 0 and attention only within itself,
-    as in `sft`: the same loss, gradients and metrics up to float rounding, with less padding (a multi-turn
-    sample that overran seq_len gets a row of its own). False: one sample per padded row."""
     share_prompts: bool = True
     """With packing, the rollouts of a group that start with the same prompt compute it once per row:
     the prompt is packed once, and each rollout's completion attends to it and to itself, with the same
@@ -92,10 +112,6 @@ class TrainerConfig(Section):
     keep_rollouts: bool = False
     """Keep rollouts/step_N after the trainer has trained on it (to inspect every batch later);
     false: delete it then (a resumed run samples its batches again; samples/ keeps a few decoded)."""
-    gradient_checkpointing: bool = False
-    """Recompute each layer's activations in the backward pass: far less activation memory, for one more
-    forward pass per micro-batch. False: keep them."""
-    logits_chunk_size: int = Field(DEFAULT_LOGITS_CHUNK_SIZE, ge=0, description=LOGITS_CHUNK_DOC)
     policy_gap_interval: int | None = Field(None, ge=1)
     """Every N steps, split the trainer/vLLM logprob gap of the batch into mismatch/policy_moved (the
     trainer now against the trainer at each rollout's policy version) and mismatch/serving (the trainer at
@@ -103,18 +119,8 @@ class TrainerConfig(Section):
     the last max_async_level + 1 versions in host memory and costs one more no_grad forward pass of the
     batch, and one of its samples of older versions, on the steps it runs (time/policy_gap). LoRA only,
     without fsdp. None: never."""
-    num_threads: int | None = Field(None, ge=1)
-    """Torch CPU threads of each trainer rank. None: torch's default (every core), except that `rl`
-    starting vLLM workers on a machine without a GPU and without inference.time_share leaves the
-    workers' cores to them (sharing a core with a generating worker is about 4x slower)."""
-    parallel: ParallelConfig = ParallelConfig()
-    """Data-parallel trainer ranks and weight sharding."""
     ckpt: CheckpointConfig = CheckpointConfig()
     """Checkpoints of the trainer and the orchestrator, to continue from with `--resume`."""
-    gpu_ids: list[Annotated[int, Field(ge=0)]] | None = None
-    """GPUs of the trainer's ranks, one per rank (parallel.dp of them), as indices among the GPUs `rl`
-    sees: rank i runs on gpu_ids[i]. None: the first parallel.dp GPUs that vLLM does not use (with
-    inference.colocate_with_trainer: the first parallel.dp GPUs). Unused without GPUs."""
 
     @field_validator("loss", mode="before")
     @classmethod
