@@ -62,12 +62,25 @@ _STEP = re.compile(r"^step_(\d+)$")
 _NAME_MAX = 255  # bytes in one file name, on every file system lorarl runs on
 # Everything lorarl writes at the top of a run folder; clearing never reaches beyond these, and
 # within them removes only the files the folder's record lists.
-_OUTPUTS = ("configs", "logs", "rollouts", "broadcasts", "samples", "checkpoints", "final", "plots", METRICS)
+# lorarl-serve's: its tenants' saved states and its database (serve/folder.py, serve/store.py).
+SERVE_OUTPUTS = ("tenants", "serve.sqlite", "serve.sqlite-wal", "serve.sqlite-shm")
+_OUTPUTS = (
+    "configs",
+    "logs",
+    "rollouts",
+    "broadcasts",
+    "samples",
+    "checkpoints",
+    "final",
+    "plots",
+    METRICS,
+    *SERVE_OUTPUTS,
+)
 # What a resumed run writes again from its checkpoint on; checkpoints and metrics carry over.
 _REGENERATED = ("rollouts", "broadcasts", "samples")
 # Where a file lorarl did not write would be taken for the run's own (a batch, an adapter, a checkpoint,
 # metrics): a run that would keep one there is refused. Elsewhere (configs, logs, plots) it just stays.
-_READ = (*_REGENERATED, "checkpoints", "final", METRICS)
+_READ = (*_REGENERATED, "checkpoints", "final", METRICS, *SERVE_OUTPUTS)
 
 
 class RunFolderError(Exception):
@@ -188,7 +201,7 @@ class RunFolder:
         return self
 
     def prepare(self, kind: str, config: dict[str, Any], resume: bool, overwrite: bool, dry_run: bool = False) -> str:
-        """Make the folder ready for a run of `kind` ("rl" or "sft"); call it once every other check
+        """Make the folder ready for a run of `kind` ("rl", "sft" or "serve"); call it once every other check
         has passed. A new or empty folder gets the marker. A folder that holds a previous run is
         reused only when asked: `resume` keeps its checkpoints and metrics (its logs move to
         logs/previous-<time>/), `overwrite` clears everything lorarl wrote there. A `dry_run` makes

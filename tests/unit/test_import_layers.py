@@ -20,6 +20,7 @@ FORBIDDEN = {
     "orchestrator": ("launcher", "cli"),
     "inference": ("launcher", "cli"),
     "monitor": ("launcher", "cli"),
+    "serve": ("launcher", "cli"),
     "config": ("launcher", "cli", "trainer", "orchestrator", "inference", "monitor"),
     "launcher": ("cli",),
 }

@@ -19,7 +19,7 @@ from lorarl.config.cluster import ClusterConfig
 from lorarl.config.common import VLLM_LORA_RANKS, Section, UserPath
 from lorarl.config.inference import InferenceConfig
 from lorarl.config.model import ModelConfig
-from lorarl.config.run import RunFolderConfig
+from lorarl.config.run import RLConfig, RunFolderConfig, RunMode
 from lorarl.config.trainer import ForwardPassConfig
 
 
@@ -98,3 +98,18 @@ class ServeConfig(RunFolderConfig):
         if self.trainer.parallel.dp != 1:
             raise ValueError("trainer.parallel.dp: lorarl-serve runs one trainer process; leave parallel out")
         return self
+
+
+# The configs whose commands start vLLM workers and a trainer: `rl`'s and `lorarl-serve`'s (the same
+# server flags, placement and CPU cores).
+WorkersConfig = RLConfig | ServeConfig
+
+
+class ServeRunMode(RunMode):
+    """`lorarl-serve`'s run-mode flags: those of every command, and whether to continue a server's folder."""
+
+    resume: bool = False
+    """Continue the server of this run folder (after a stop or a crash): its sessions, training clients,
+    checkpoints and finished requests are served again, each training client from its last saved state
+    (save_state) before its next request; requests that were pending fail with one line. False: a new
+    server (a folder that holds one is refused unless --overwrite)."""

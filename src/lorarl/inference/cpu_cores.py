@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import sys
 
-from lorarl.config.run import RLConfig
+from lorarl.config.serve import WorkersConfig
 
 
 def available_cores() -> list[int]:
@@ -37,7 +37,7 @@ def available_cores() -> list[int]:
     return list(range(os.cpu_count() or 1))  # macOS: no affinity; nothing here is pinned there
 
 
-def threads_per_rank(cfg: RLConfig, cores: int) -> int:
+def threads_per_rank(cfg: WorkersConfig, cores: int) -> int:
     """Cores of each vLLM worker's tensor-parallel rank on a machine with `cores` cores:
     inference.cpu_threads, or by default every core shared out between the workers when they take
     turns with the trainer (inference.time_share), else 1."""
@@ -47,7 +47,7 @@ def threads_per_rank(cfg: RLConfig, cores: int) -> int:
     return max(1, cores // (inf.num_workers * inf.tensor_parallel_size)) if inf.time_share else 1
 
 
-def trainer_threads(cfg: RLConfig, cores: int) -> int:
+def trainer_threads(cfg: WorkersConfig, cores: int) -> int:
     """Torch threads of each trainer rank beside the workers `rl` starts on this machine's `cores`:
     every core when they take turns, else the cores the workers leave (at least 1)."""
     inf, dp = cfg.inference, cfg.trainer.parallel.dp
@@ -57,7 +57,7 @@ def trainer_threads(cfg: RLConfig, cores: int) -> int:
     return max(1, (cores - taken) // dp)
 
 
-def worker_cores(cfg: RLConfig, worker: int, cores: list[int] | None = None) -> list[list[int]]:
+def worker_cores(cfg: WorkersConfig, worker: int, cores: list[int] | None = None) -> list[list[int]]:
     """The cores of worker `worker`'s tensor-parallel ranks, one list per rank, taken from `cores`
     (default: `available_cores`). The workers take the first cores in order and leave the rest to the
     trainer. Where they need every core (taking turns, or two workers on 2 cores) they spread over all

@@ -8,9 +8,11 @@ puts LoRA on MoE experts) and passes it in: inference never imports the launcher
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 
 from lorarl.config.common import VLLM_LORA_RANKS
 from lorarl.config.run import RLConfig
+from lorarl.config.serve import ServeConfig, WorkersConfig
 from lorarl.host_memory import malloc_tunables
 from lorarl.inference.cpu_cores import pinned, worker_cores
 from lorarl.variants import variant_configs
@@ -19,6 +21,29 @@ from lorarl.variants import variant_configs
 # and LoRA ops on a CPU whose cost does not follow --max-lora-rank (cpu_lora.py).
 WEIGHT_RELOAD_EXTENSION = "lorarl.inference.weight_reload.WeightReload"
 CPU_LORA_EXTENSION = "lorarl.inference.cpu_lora.CpuLoRA"
+
+
+@dataclass(frozen=True)
+class Adapters:
+    """The LoRA adapters a run's workers serve: ranks up to `max_rank` (vLLM's --max-lora-rank, one
+    of the values it accepts), `slots` of them at once (--max-loras), with LoRA on MoE experts or not."""
+
+    max_rank: int
+    slots: int
+    experts: bool = False
+
+
+def rl_adapters(cfg: RLConfig, experts: bool) -> Adapters | None:
+    """What `rl @ cfg` serves: its adapter's (or sweep's) versions; None with full fine-tuning."""
+    if cfg.model.full_finetune:
+        return None
+    return Adapters(served_lora_rank(cfg, experts), max_loras(cfg), experts)
+
+
+def serve_adapters(cfg: ServeConfig) -> Adapters:
+    """What `lorarl-serve` serves: its tenants' adapters, serve.max_loras at once, swapped beyond."""
+    given = given_max_loras(cfg.inference.extra_args)
+    return Adapters(vllm_max_lora_rank(cfg.serve.max_rank), cfg.serve.max_loras if given is None else given)
 
 
 def vllm_max_lora_rank(rank: int) -> int:
@@ -61,7 +86,7 @@ def max_loras(cfg: RLConfig) -> int:
     return adapter_slots(cfg) if given is None else given
 
 
-def worker_urls(cfg: RLConfig, hosts: list[str] | None = None) -> list[str]:
+def worker_urls(cfg: WorkersConfig, hosts: list[str] | None = None) -> list[str]:
     """The URL of every worker: inference.urls, or those `rl` starts at inference.host, or at `hosts`
     (worker i's node address, where Ray placed them)."""
     inf = cfg.inference
@@ -70,13 +95,15 @@ def worker_urls(cfg: RLConfig, hosts: list[str] | None = None) -> list[str]:
     return [f"http://{hosts[i] if hosts else inf.host}:{inf.port + i}" for i in range(inf.num_workers)]
 
 
-def vllm_command(cfg: RLConfig, worker: int = 0, host: str | None = None, *, gpus: int, experts: bool) -> list[str]:
-    """The command of worker `worker`, listening on `host` (its node's address where Ray placed it) or
-    inference.host; on a machine without GPUs (`gpus` == 0) confined to its cores (cpu_cores.py).
-    `experts`: an adapter of the run puts LoRA on MoE experts (memory_plan.serves_expert_lora)."""
+def vllm_command(
+    cfg: WorkersConfig, adapters: Adapters | None, worker: int = 0, host: str | None = None, *, gpus: int
+) -> list[str]:
+    """The command of worker `worker`, serving `adapters` (None: full fine-tuning's whole weights),
+    listening on `host` (its node's address where Ray placed it) or inference.host; on a machine without
+    GPUs (`gpus` == 0) confined to its cores (cpu_cores.py)."""
     inf = cfg.inference
     reload = ["--worker-extension-cls", WEIGHT_RELOAD_EXTENSION]  # full fine-tuning: weights, no adapters
-    serving = reload if cfg.model.full_finetune else lora_args(cfg, gpus, experts)
+    serving = reload if adapters is None else lora_args(adapters, gpus, given_max_loras(inf.extra_args) is None)
     cmd = [
         sys.executable,
         "-m",
@@ -108,22 +135,23 @@ def vllm_command(cfg: RLConfig, worker: int = 0, host: str | None = None, *, gpu
     return pinned(cmd, worker_cores(cfg, worker)) if gpus == 0 else cmd
 
 
-def lora_args(cfg: RLConfig, gpus: int, experts: bool) -> list[str]:
-    """Serving the adapters: every variant's ([[variants]]) share the server, so room for the largest
-    rank and all their slots; on a CPU, with LoRA ops whose cost does not grow with that rank; with
-    expert LoRA, the flag that loads PEFT's fused expert layout (docs/moe.md)."""
-    slots = [] if given_max_loras(cfg.inference.extra_args) is not None else ["--max-loras", str(adapter_slots(cfg))]
+def lora_args(adapters: Adapters, gpus: int, with_slots: bool = True) -> list[str]:
+    """Serving `adapters`: room for the largest rank and all their slots (`with_slots`: unless the user's
+    inference.extra_args set --max-loras); on a CPU, with LoRA ops whose cost does not grow with that rank;
+    with expert LoRA, the flag that loads PEFT's fused expert layout (docs/moe.md)."""
+    slots = ["--max-loras", str(adapters.slots)] if with_slots else []
     cpu_ops = ["--worker-extension-cls", CPU_LORA_EXTENSION] if gpus == 0 else []
-    fused = ["--enable-mixed-moe-lora-format"] if experts else []
-    return ["--enable-lora", "--max-lora-rank", str(served_lora_rank(cfg, experts)), *slots, *cpu_ops, *fused]
+    fused = ["--enable-mixed-moe-lora-format"] if adapters.experts else []
+    return ["--enable-lora", "--max-lora-rank", str(adapters.max_rank), *slots, *cpu_ops, *fused]
 
 
-def vllm_env(cfg: RLConfig, gpus: str | None = None) -> dict[str, str]:
+def vllm_env(cfg: WorkersConfig, gpus: str | None = None) -> dict[str, str]:
     """The environment of one worker: `gpus` is its CUDA_VISIBLE_DEVICES (launcher/placement.py),
     None on a machine without GPUs (then its KV cache and malloc's policy, host_memory.py). Full
     fine-tuning reloads weights through /collective_rpc and /reset_prefix_cache, endpoints that vLLM
     serves in its dev mode only."""
-    env = {"VLLM_SERVER_DEV_MODE": "1"} if cfg.model.full_finetune else {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+    full = cfg.model.full_finetune
+    env = {"VLLM_SERVER_DEV_MODE": "1"} if full else {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
     if gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpus
     else:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from lorarl.config.model import LoraConfig
 from lorarl.config.run import RLConfig, RunMode
+from lorarl.config.serve import ServeConfig, WorkersConfig
 from lorarl.config.sft import SFTConfig
 from lorarl.launcher.placement import visible_gpus
 from lorarl.model_shapes import transformers_config
@@ -364,7 +365,7 @@ def rl_memory_plan(
     adapter = _rl_adapter(cfg, shape)
     for slot in placement.slots:
         if slot.name.startswith("inference-"):
-            plan.processes.append(_vllm_plan(cfg, shape, slot, device_gib, on_gpu))
+            plan.processes.append(_vllm_plan(cfg, _rl_lora_slots(cfg, shape), shape, slot, device_gib, on_gpu))
         elif slot.name == "trainer":
             plan.processes.append(_rl_trainer_plan(cfg, shape, slot, adapter, device_gib, on_gpu, placement))
     if not on_gpu and not placement.ray:  # a Ray cluster's processes are not in this machine's RAM
@@ -413,19 +414,26 @@ def ram_gib() -> float:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
 
 
-def _vllm_plan(cfg: RLConfig, shape: ModelShape, slot: Slot, device_gib: float, on_gpu: bool) -> ProcessPlan:
+def _rl_lora_slots(cfg: RLConfig, shape: ModelShape) -> int:
+    """Parameters of every adapter slot of an `rl` worker (--max-loras of them at --max-lora-rank)."""
+    from lorarl.inference.server import rl_adapters
+
+    adapters = rl_adapters(cfg, serves_expert_lora(cfg))
+    if adapters is None:
+        return 0
+    per_rank = adapter_parameters(shape.name, cfg.lora) / cfg.lora.rank  # linear in the rank
+    return round(per_rank * adapters.max_rank * adapters.slots)
+
+
+def _vllm_plan(
+    cfg: WorkersConfig, lora: int, shape: ModelShape, slot: Slot, device_gib: float, on_gpu: bool
+) -> ProcessPlan:
+    """A vLLM worker's plan; `lora`: the parameters of its adapter slots."""
     inf = cfg.inference
     b = _DTYPE_BYTES[cfg.model.dtype]
     if not on_gpu:
         parts = [Part("weights", shape.parameters * b / GIB), Part("KV cache", float(inf.kv_cache_gib))]
         return ProcessPlan(slot.name, slot.devices, parts, None, extra=" (inference.kv_cache_gib)")
-    from lorarl.inference.server import max_loras, served_lora_rank
-
-    lora = 0
-    if not cfg.model.full_finetune:
-        per_rank = adapter_parameters(shape.name, cfg.lora) / cfg.lora.rank  # linear in the rank
-        slots = max_loras(cfg)
-        lora = round(per_rank * served_lora_rank(cfg, serves_expert_lora(cfg)) * slots)
     budget = inf.memory_fraction * device_gib
     parts, kv_per_token = vllm_parts(shape, b, inf.tensor_parallel_size, lora, budget)
     kv_gib = budget - sum(p.gib for p in parts[:-1])
@@ -477,7 +485,7 @@ def _rl_trainer_plan(
 
 
 def _trainer_work(
-    cfg: RLConfig | SFTConfig,
+    cfg: RLConfig | SFTConfig | ServeConfig,
     adapter: int | None,
     micro_batch_size: int,
     row_width: int,
@@ -503,11 +511,13 @@ def _trainer_work(
     )
 
 
-def _trainer_problem(plan: ProcessPlan, cfg: RLConfig | SFTConfig, work: TrainerWork, shared: bool) -> str | None:
+def _trainer_problem(
+    plan: ProcessPlan, cfg: RLConfig | SFTConfig | ServeConfig, work: TrainerWork, shared: bool
+) -> str | None:
     assert plan.capacity_gib is not None
     if plan.total_gib <= plan.capacity_gib:
         return None
-    rl = isinstance(cfg, RLConfig)
+    rl = not isinstance(cfg, SFTConfig)  # a [trainer] section
     prefix = "trainer." if rl else ""
     changes = [f"lower {prefix}micro_batch_size" + ("" if rl else " or seq_len")]
     if rl and not work.gradient_checkpointing:
@@ -538,6 +548,42 @@ def _check_ram(plan: MemoryPlan, ram: float) -> None:
             f"the processes need ~{total:.1f} GiB together ({worst.process} {worst.total_gib:.1f}), more than "
             f"this machine's {ram:.1f} GiB of RAM; lower {keys}"
         )
+
+
+def serve_memory_plan(cfg: ServeConfig, placement: Placement, device_memory_gib: float | None = None) -> MemoryPlan:
+    """The plan of `lorarl-serve @ cfg` placed as `placement`: its vLLM workers with serve.max_loras adapter
+    slots at serve.max_rank, and one trainer holding serve.max_tenants adapters of that rank (attention
+    and MLP, as tenants train them) with their AdamW states, and the passes of its forward/backward."""
+    from lorarl.inference.server import serve_adapters
+
+    shape = model_shape(cfg.model.name)
+    if shape is None:
+        return MemoryPlan(f"memory plan: none, the shape of {cfg.model.name} is unknown here (no config.json found)")
+    on_gpu = placement.on_gpu
+    device_gib, how = device_memory(device_memory_gib, placement.pretended) if on_gpu else (ram_gib(), "")
+    plan = MemoryPlan(_header(shape, device_gib, how))
+    adapters = serve_adapters(cfg)
+    per_rank = adapter_parameters(shape.name, LoraConfig(rank=1))  # the tenants' targets, linear in the rank
+    for slot in placement.slots:
+        if slot.name.startswith("inference-"):
+            lora = per_rank * adapters.max_rank * adapters.slots
+            plan.processes.append(_vllm_plan(cfg, lora, shape, slot, device_gib, on_gpu))
+        elif slot.name == "trainer":
+            t = cfg.trainer
+            tenants = per_rank * cfg.serve.max_rank * cfg.serve.max_tenants
+            work = _trainer_work(
+                cfg, tenants, t.micro_batch_size, cfg.seq_len, t.packing, t.gradient_checkpointing,
+                t.logits_chunk_size, 1, on_gpu,
+            )  # fmt: skip
+            shared = bool(set(slot.gpus) & set(placement.shared))
+            capacity = device_gib * (1 - cfg.inference.memory_fraction) if shared else device_gib
+            process = ProcessPlan(slot.name, slot.devices, trainer_parts(shape, work), capacity if on_gpu else None)
+            if on_gpu:
+                process.problem = _trainer_problem(process, cfg, work, shared)
+            plan.processes.append(process)
+    if not on_gpu:
+        _check_ram(plan, device_gib)
+    return plan
 
 
 def sft_memory_plan(cfg: SFTConfig, mode: RunMode) -> MemoryPlan:

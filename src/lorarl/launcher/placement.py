@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lorarl.config.run import RLConfig, RunMode
+from lorarl.config.serve import ServeConfig, WorkersConfig
 from lorarl.run_folder import RunFolder
 
 LOCAL = "local"  # the node of every process on the local backend
@@ -114,7 +115,7 @@ class Placement:
         return "\n".join(lines) + "\n"
 
 
-def place(cfg: RLConfig, gpus: int, pretended: bool = False) -> Placement:
+def place(cfg: WorkersConfig, gpus: int, pretended: bool = False) -> Placement:
     """Where every process of `rl @ cfg` goes on a machine with `gpus` GPUs (0: none; `pretended` by a
     dry run, RunMode.dry_run_devices), or `PlacementError` if that cannot work."""
     if gpus < 0:
@@ -141,7 +142,10 @@ def place(cfg: RLConfig, gpus: int, pretended: bool = False) -> Placement:
         Slot(f"inference-{i}", LOCAL, ids, str(inf.port + i), logs / f"inference-{i}.log")
         for i, ids in enumerate(workers)
     ]
-    slots.append(Slot("orchestrator", LOCAL, (), "-", logs / "orchestrator.log"))
+    if isinstance(cfg, ServeConfig):  # the Tinker API in `lorarl-serve`'s own process
+        slots.append(Slot("api", LOCAL, (), str(cfg.serve.port), logs / "serve.log"))
+    else:
+        slots.append(Slot("orchestrator", LOCAL, (), "-", logs / "orchestrator.log"))
     rendezvous = "free (torchrun)" if trainer.parallel.dp > 1 else "-"
     slots.append(Slot("trainer", LOCAL, trainer_gpus, rendezvous, logs / "trainer.log"))
     shared = tuple(sorted(set(vllm) & set(trainer_gpus)))
@@ -160,7 +164,7 @@ def place(cfg: RLConfig, gpus: int, pretended: bool = False) -> Placement:
     )
 
 
-def inference_gpus(cfg: RLConfig, gpus: int) -> list[tuple[int, ...]]:
+def inference_gpus(cfg: WorkersConfig, gpus: int) -> list[tuple[int, ...]]:
     """The GPUs of each vLLM worker (inference.num_workers of them) on a machine with `gpus` GPUs:
     inference.gpu_ids, or the first free ones (those not in trainer.gpu_ids unless colocated). The
     trainer's own default never moves them, so `lorarl-inference @ cfg --worker i` picks what `rl` would."""
@@ -189,7 +193,7 @@ def inference_gpus(cfg: RLConfig, gpus: int) -> list[tuple[int, ...]]:
     return [tuple(ids[i : i + size]) for i in range(0, need, size)]
 
 
-def _trainer_gpus(cfg: RLConfig, gpus: int, inference: list[int]) -> tuple[int, ...]:
+def _trainer_gpus(cfg: WorkersConfig, gpus: int, inference: list[int]) -> tuple[int, ...]:
     inf, dp = cfg.inference, cfg.trainer.parallel.dp
     colocate = inf.colocate_with_trainer
     if cfg.trainer.gpu_ids is not None:

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from lorarl.config.run import RLConfig
 from lorarl.inference.cpu_cores import available_cores, trainer_threads
-from lorarl.inference.server import vllm_command, vllm_env, worker_urls
+from lorarl.inference.server import rl_adapters, vllm_command, vllm_env, worker_urls
 from lorarl.launcher.memory_plan import serves_expert_lora
 from lorarl.launcher.placement import Placement, cuda_visible_devices
 from lorarl.run_folder import RunFolder
@@ -44,7 +44,7 @@ class ProcessSpec:
 
 def worker_command(cfg: RLConfig, gpus: int, worker: int = 0, host: str | None = None) -> list[str]:
     """vLLM worker `worker`'s command on a machine with `gpus` GPUs (or a dry run's dry_run_devices)."""
-    return vllm_command(cfg, worker, host, gpus=gpus, experts=serves_expert_lora(cfg))
+    return vllm_command(cfg, rl_adapters(cfg, serves_expert_lora(cfg)), worker, host, gpus=gpus)
 
 
 def plan_run(cfg: RLConfig, run: RunFolder, placement: Placement) -> list[ProcessSpec]:

@@ -32,6 +32,7 @@ from lorarl.config.algorithms import CustomAdvantage, CustomLoss
 from lorarl.config.loader import json_object
 from lorarl.config.model import LoraConfig, ModelConfig
 from lorarl.config.run import RLConfig, RLRunMode, RunMode
+from lorarl.config.serve import ServeConfig
 from lorarl.config.sft import SFTConfig
 from lorarl.inference.health import check_served_model
 from lorarl.inference.server import adapter_slots, given_max_loras
@@ -43,6 +44,7 @@ from lorarl.launcher.memory_plan import (
     meta_model,
     model_config,
     rl_memory_plan,
+    serve_memory_plan,
     sft_memory_plan,
 )
 from lorarl.launcher.placement import Placement, place, visible_gpus
@@ -199,6 +201,26 @@ def warn_single_rollout_groups(cfg: RLConfig) -> None:
             "relative to the group's would be 0 and train nothing",
             orch.advantage.fn,
         )
+
+
+def check_serve(cfg: ServeConfig, mode: RunMode) -> Placement:
+    """Every check of `lorarl-serve @ cfg` run as `mode`; returns where each process goes."""
+    check_model(cfg.model.name)
+    if cfg.cluster.backend != "local":
+        raise PreflightError('cluster.backend = "ray": lorarl-serve runs on one machine for now; leave [cluster] out')
+    gpus = visible_gpus(mode)
+    try:
+        for url in cfg.inference.urls:
+            check_served_model(url, cfg.model.name, cfg.inference.api_key)
+        placement = place(cfg, gpus, pretended=mode.dry_run_devices is not None)
+    except ValueError as e:  # PlacementError too
+        raise PreflightError(str(e)) from None
+    check_model_loads(cfg.model, placement.on_gpu)
+    check_ports(cfg.serve.host, cfg.serve.port, 1, key="serve.port")
+    if not cfg.inference.urls:
+        check_ports(cfg.inference.host, cfg.inference.port, cfg.inference.num_workers)
+    check_memory(lambda: serve_memory_plan(cfg, placement, mode.device_memory_gib))
+    return placement
 
 
 def check_sft(cfg: SFTConfig, mode: RunMode) -> None:
@@ -476,10 +498,10 @@ def _working_directory_importable() -> None:
         sys.path.insert(0, os.getcwd())  # console scripts, unlike `python -m`, leave it out
 
 
-def check_ports(host: str, port: int, count: int) -> None:
-    """The ports of the workers `rl` will start are in range and free."""
+def check_ports(host: str, port: int, count: int, key: str = "inference.port") -> None:
+    """The ports (`key`) of the workers `rl` will start (or `lorarl-serve`'s API) are in range and free."""
     if not 1 <= port <= 65535 - (count - 1):
-        raise PreflightError(f"inference.port: {port} + {count} workers leaves the range 1..65535")
+        raise PreflightError(f"{key}: {port} + {count} workers leaves the range 1..65535")
     for p in range(port, port + count):
         with socket.socket() as s:
             # As vLLM's server binds: the connections of a server that just stopped (TIME_WAIT) do not
@@ -489,6 +511,6 @@ def check_ports(host: str, port: int, count: int) -> None:
                 s.bind((host, p))
             except OSError as e:
                 raise PreflightError(
-                    f"inference.port: {host}:{p} is not free ({e.strerror}); pick another port, or use the "
-                    "server there with inference.urls"
+                    f"{key}: {host}:{p} is not free ({e.strerror}); pick another port"
+                    + (", or use the server there with inference.urls" if key == "inference.port" else "")
                 ) from None

@@ -1,0 +1,41 @@
+"""Who may call `lorarl-serve`, and who owns what. The SDK sends its key in `X-API-Key` and requires
+the "tml-" prefix itself. With `serve.api_key` or `serve.keys_file` only those keys are accepted (401
+otherwise, which the SDK reports at once); on a loopback address without either, any "tml-" key is, and
+each key is a tenant of its own. A key is never stored: its owner id is a hash of it, and every
+session, model, sampler, checkpoint and request belongs to the owner id that made it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from lorarl.config.serve import ServeSection
+
+PREFIX = "tml-"
+
+
+class Unauthorized(Exception):
+    """str() is one line for the client."""
+
+
+class Keys:
+    def __init__(self, cfg: ServeSection) -> None:
+        self.accepted: set[str] | None = None  # None: any key with the prefix (loopback, no key given)
+        if cfg.api_key is not None or cfg.keys_file is not None:
+            self.accepted = {cfg.api_key} if cfg.api_key is not None else set()
+            if cfg.keys_file is not None:
+                self.accepted |= read_keys_file(cfg.keys_file.read_text())
+
+    def owner(self, key: str | None) -> str:
+        """The owner id of an accepted key; Unauthorized otherwise."""
+        if not key:
+            raise Unauthorized("no API key: set TINKER_API_KEY (or pass api_key=) to a key of this server")
+        if not key.startswith(PREFIX) or (self.accepted is not None and key not in self.accepted):
+            raise Unauthorized("this API key is not accepted by this server (serve.api_key, serve.keys_file)")
+        return hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+def read_keys_file(text: str) -> set[str]:
+    """The keys of a keys file: one per line; blank lines and lines starting with '#' left out."""
+    keys = {line.strip() for line in text.splitlines()}
+    return {k for k in keys if k and not k.startswith("#")}
