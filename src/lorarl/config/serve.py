@@ -81,8 +81,8 @@ class ServeConfig(RunFolderConfig):
     its rank when it creates its training client)."""
     trainer: ForwardPassConfig = ForwardPassConfig()
     """The trainer process: its forward and backward passes, threads and GPU."""
-    inference: InferenceConfig = InferenceConfig()
-    """The vLLM servers that sample for every tenant, as `rl` starts them."""
+    inference: InferenceConfig = InferenceConfig(port=8100)
+    """The vLLM servers that sample for every tenant, as `rl` starts them (from port 8100: the API has 8000)."""
     cluster: ClusterConfig = ClusterConfig()
     """Where the processes run: this machine, or the nodes of a Ray cluster."""
     serve: ServeSection = ServeSection()
@@ -94,6 +94,12 @@ class ServeConfig(RunFolderConfig):
             raise ValueError(
                 "[model.lora] and model.full_finetune are not for lorarl-serve: each tenant creates its own "
                 "adapter (create_lora_training_client(rank=...)); leave them out"
+            )
+        inf = self.inference
+        if not inf.urls and inf.port <= self.serve.port < inf.port + inf.num_workers and inf.host == self.serve.host:
+            raise ValueError(
+                f"serve.port {self.serve.port} is a port of the vLLM workers (inference.port {inf.port}, "
+                f"{inf.num_workers} workers): give them apart"
             )
         if self.trainer.parallel.dp != 1:
             raise ValueError("trainer.parallel.dp: lorarl-serve runs one trainer process; leave parallel out")

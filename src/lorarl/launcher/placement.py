@@ -152,6 +152,7 @@ def place(cfg: WorkersConfig, gpus: int, pretended: bool = False) -> Placement:
     # By default they take turns on the GPUs they share; on a CPU splitting its cores measured as fast
     # or faster (docs/performance.md).
     time_share = inf.time_share if inf.time_share is not None else bool(shared) and not inf.urls
+    time_share = time_share and not isinstance(cfg, ServeConfig)  # no steps to take turns by: both serve at once
     return Placement(
         gpus=gpus,
         slots=tuple(slots),
