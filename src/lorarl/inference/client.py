@@ -2,7 +2,8 @@
 
 A request that fails because of the server (connection refused or lost, a timeout, HTTP 5xx)
 raises `WorkerUnavailable`, so that the pool (pool.py) can route it elsewhere; a request the
-server rejects (HTTP 4xx) raises `InferenceError`.
+server rejects (HTTP 4xx) raises `InferenceError` (`RequestRefused`, with the status and vLLM's
+message, from the calls that read a JSON answer).
 
 A request's timeout follows the work asked for: `timeout` seconds for anything (queueing, prefill,
 an adapter load), plus max_tokens / `tokens_per_s` for a generation, so that a long generation is
@@ -51,6 +52,23 @@ def fused_expert_lora(folder: str) -> bool:
 
 class InferenceError(RuntimeError):
     """The server answered, and refused the request."""
+
+
+class RequestRefused(InferenceError):
+    """The server answered with an HTTP error (4xx) to a request it understood: `status`, and vLLM's
+    error message and the parameter it names, where its answer has them."""
+
+    def __init__(self, line: str, status: int, message: str, param: str | None) -> None:
+        super().__init__(line)
+        self.status, self.message, self.param = status, message, param
+
+    @classmethod
+    def from_answer(cls, line: str, status: int, text: str) -> RequestRefused:
+        try:
+            error = json_lib.loads(text)["error"]
+            return cls(line, status, str(error["message"]), error.get("param"))
+        except (ValueError, KeyError, TypeError):  # not vLLM's JSON error: the text as it came
+            return cls(line, status, text[:500], None)
 
 
 class WorkerUnavailable(InferenceError):
@@ -145,7 +163,7 @@ class InferenceClient:
     async def _json(self, method: str, path: str, json: dict[str, Any] | None = None) -> Any:
         status, text = await self._request(method, path, json)
         if status != 200:
-            raise InferenceError(f"{method} {self.base_url}{path} -> {status}: {text[:500]}")
+            raise RequestRefused.from_answer(f"{method} {self.base_url}{path} -> {status}: {text[:500]}", status, text)
         return json_lib.loads(text)
 
     async def models(self) -> list[dict[str, Any]]:
@@ -237,16 +255,19 @@ class InferenceClient:
             "logprobs": 0,
             "return_token_ids": True,
         }
+        choices = sorted((await self.completions(body))["choices"], key=lambda c: c["index"])
+        return [
+            Completion(c["token_ids"], c["logprobs"]["token_logprobs"], c["text"], c["finish_reason"]) for c in choices
+        ]
+
+    async def completions(self, body: dict[str, Any]) -> dict[str, Any]:
+        """vLLM's answer to /v1/completions with `body` as it is, the time it takes counted as busy."""
         if self.in_flight == 0:
             self._busy_since = time.monotonic()
         self.in_flight += 1
         try:
-            data = await self._json("POST", "/v1/completions", body)
+            return dict(await self._json("POST", "/v1/completions", body))
         finally:
             self.in_flight -= 1
             if self.in_flight == 0:
                 self.busy_seconds += time.monotonic() - self._busy_since
-        choices = sorted(data["choices"], key=lambda c: c["index"])
-        return [
-            Completion(c["token_ids"], c["logprobs"]["token_logprobs"], c["text"], c["finish_reason"]) for c in choices
-        ]

@@ -89,12 +89,12 @@ class WorkerPool:
         return sum(w.busy_seconds + (now - w._busy_since if w.in_flight else 0.0) for w in self.workers)
 
     async def complete(self, model: str, prompt_ids: list[int], n: int, **sampling: Any) -> list[Completion]:
-        return await self._route(lambda worker: worker.complete(model, prompt_ids, n, **sampling), model)
+        return await self.route(lambda worker: worker.complete(model, prompt_ids, n, **sampling), model)
 
     async def chat(self, model: str, messages: list[dict[str, str]], **params: Any) -> str:
-        return await self._route(lambda worker: worker.chat(model, messages, **params))
+        return await self.route(lambda worker: worker.chat(model, messages, **params))
 
-    async def _route(self, call: Callable[[InferenceClient], Awaitable[T]], model: str | None = None) -> T:
+    async def route(self, call: Callable[[InferenceClient], Awaitable[T]], model: str | None = None) -> T:
         """`call` on the least busy routable worker (of those not excluded for `model`), again
         elsewhere while workers fail."""
         if self._watchdog is None:
