@@ -60,10 +60,12 @@ def plan_serve(cfg: ServeConfig, folder: ServeFolder, placement: Placement) -> l
         return cuda_visible_devices(placement[name].gpus, None) if placement.on_gpu else None
 
     adapters = serve_adapters(cfg)
+    # A tenant's seeded sample with chunked prefill kills vLLM's CPU engine (VLLM_NOTES.md): off on a CPU.
+    no_chunks = [] if placement.on_gpu else ["--no-enable-chunked-prefill"]
     specs = [
         ProcessSpec(
             f"inference-{i}",
-            vllm_command(cfg, adapters, i, gpus=placement.gpus),
+            [*vllm_command(cfg, adapters, i, gpus=placement.gpus), *no_chunks],
             vllm_env(cfg, gpus(f"inference-{i}")),
             role="inference",
         )
@@ -96,6 +98,7 @@ async def _serve(
     from aiohttp import web
 
     from lorarl.inference.pool import WorkerPool
+    from lorarl.orchestrator.served_check import tolerance_for
     from lorarl.serve.api import app
     from lorarl.serve.auth import Keys
     from lorarl.serve.rpc import connect
@@ -144,7 +147,14 @@ async def _serve(
         unavailable_timeout=cfg.inference.unavailable_timeout,
         tokens_per_s=cfg.inference.min_tokens_per_s,
     )
-    service = Service(cfg, store, folder, engine, Sampler(pool, cfg), _vocab_size(cfg.model.name))
+    vocab = _vocab_size(cfg.model.name)
+    tolerance = (
+        None
+        if cfg.inference.served_check == "off"
+        else tolerance_for(cfg.inference.served_check_tolerance, cfg.model.dtype)
+    )
+    sampler = Sampler(pool, cfg.model.name, serve_adapters(cfg).slots, cfg.seq_len, vocab, tolerance)
+    service = Service(cfg, store, folder, engine, sampler, vocab)
     if resume:
         log.info("resumed: %d requests that were still pending failed", service.resume())
     service.start()

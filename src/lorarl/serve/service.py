@@ -18,6 +18,7 @@ into these calls): sessions, tenants and their ordered work, sampling, futures, 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import time
@@ -32,6 +33,7 @@ from lorarl.serve import ops
 from lorarl.serve.folder import ServeFolder, check_name, parse_tinker_path, tinker_path
 from lorarl.serve.futures import Waiters
 from lorarl.serve.ops import BadRequest
+from lorarl.serve.sampling import Sampler, SamplerAdapter, SamplingParams
 from lorarl.serve.scheduler import TenantQueues
 from lorarl.serve.store import DONE, FAILED, Checkpoint, Store
 from lorarl.serve.wire import PROTOBUF, encode_forward_backward, encode_sample
@@ -53,7 +55,7 @@ class Service:
         store: Store,
         folder: ServeFolder,
         engine: Any,  # serve.rpc.EngineClient: `await engine.acall(op)`
-        sampler: Any,  # serve.sampling.Sampler
+        sampler: Sampler,
         vocab_size: int,
     ) -> None:
         self.cfg, self.store, self.folder = cfg, store, folder
@@ -394,8 +396,9 @@ class Service:
         for field in ("target_prompt_logprobs", "prompt_logprobs_last_n"):
             if getattr(req, field, None):
                 raise BadRequest(f"{field}: not served by lorarl-serve")
-        if req.prompt_alt_tokens_k or req.topk_sample_logprobs:
-            raise BadRequest("prompt_alt_tokens_k, topk_sample_logprobs: not served by lorarl-serve")
+        for field in ("prompt_alt_tokens_k", "topk_sample_logprobs", "record_stability_info"):
+            if getattr(req, field, None):
+                raise BadRequest(f"{field}: not served by lorarl-serve")
         prompt = _prompt_tokens(req.prompt)
         request_id, new = self.store.submit(owner, "sample", f"{sampler.id}#{req.seq_id}")
         if new:
@@ -404,9 +407,15 @@ class Service:
 
     async def _sample(self, request_id: str, sampler: Any, prompt: list[int], req: Any) -> None:
         try:
-            result = await self.sampler.sample_for_api(sampler.folder, prompt, req)
-            body = encode_sample(result.sequences, result.prompt_logprobs, result.topk_prompt_logprobs)
-            self.store.finish(request_id, body, PROTOBUF)
+            p = req.sampling_params
+            params = SamplingParams(p.max_tokens, p.temperature, p.top_p, p.top_k, p.seed, p.stop)
+            adapter = None if sampler.folder is None else _adapter(sampler.folder)
+            result = await self.sampler.sample(
+                adapter, prompt, req.num_samples, params, bool(req.prompt_logprobs), req.topk_prompt_logprobs
+            )
+            sequences = [(s.tokens, s.logprobs, s.stop_reason) for s in result.sequences]
+            topk = None if result.topk_prompt_logprobs is None else [r or [] for r in result.topk_prompt_logprobs]
+            self.store.finish(request_id, encode_sample(sequences, result.prompt_logprobs, topk), PROTOBUF)
         except BadRequest as e:
             self.store.fail(request_id, str(e), "user")
         except Exception as e:
@@ -477,6 +486,12 @@ class Service:
         ckpt = self._checkpoint(owner, path)
         remove_folder(Path(ckpt.folder))  # by the run folder's record of what lorarl wrote
         self.store.remove_checkpoint(path, owner)
+
+
+def _adapter(folder: str) -> SamplerAdapter:
+    """The vLLM adapter of a sampler folder: named by the folder alone, so that every sampling client of
+    the same weights shares one loaded adapter, and new weights (a new folder) get a new name."""
+    return SamplerAdapter(f"w{hashlib.sha256(folder.encode()).hexdigest()[:16]}", Path(folder))
 
 
 def _prompt_tokens(prompt: Any) -> list[int]:
