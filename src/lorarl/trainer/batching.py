@@ -84,9 +84,16 @@ def by_temperature(samples: Sequence[TrainSample]) -> dict[float, list[TrainSamp
 
 def micro_batches(samples: Sequence[TrainSample], size: int, pad_id: int) -> Iterator[MicroBatch]:
     """Right-padded micro-batches of at most `size` samples of one temperature each."""
+    return (batch for _, batch in micro_batches_with_samples(samples, size, pad_id))
+
+
+def micro_batches_with_samples(
+    samples: Sequence[TrainSample], size: int, pad_id: int
+) -> Iterator[tuple[list[TrainSample], MicroBatch]]:
+    """`micro_batches`, each with its samples, one per row in order."""
     for temp, group in by_temperature(samples).items():
         for i in range(0, len(group), size):
-            yield _collate(group[i : i + size], pad_id, temp)
+            yield group[i : i + size], _collate(group[i : i + size], pad_id, temp)
 
 
 def _collate(samples: Sequence[TrainSample], pad_id: int, temperature: float) -> MicroBatch:

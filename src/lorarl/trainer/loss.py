@@ -246,6 +246,20 @@ def policy_loss(
     """This forward batch's share of the step loss (module docstring), and its stats as means over its
     loss tokens. `logprobs`, `ref_logprobs` (the base model's: the KL penalty is added) and `entropy`
     (with gradient, needed with entropy_coef > 0) are the batch's per-target ones, [rows, T-1]."""
+    token_loss, stats = policy_token_loss(logprobs, batch, cfg, norm, ref_logprobs, entropy)
+    return token_loss.sum(), stats
+
+
+def policy_token_loss(
+    logprobs: torch.Tensor,
+    batch: MicroBatch | PackedBatch,
+    cfg: LossBase,
+    norm: LossNorm,
+    ref_logprobs: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """`policy_loss` before the sum: each target's share of the step loss, w_i (c_it g_it + ...), 0 off
+    the loss tokens, [rows, T-1]; the Tinker API answers it per target (serve/engine.py)."""
     mask = batch.loss_mask.float()
     # Zero off the loss tokens, where old_logprobs holds placeholders, so that exp() stays finite there.
     token_log_ratio = (logprobs - batch.old_logprobs) * mask
@@ -293,8 +307,7 @@ def policy_loss(
         if entropy is None:
             raise ValueError("entropy_coef > 0 needs the entropy, with gradient (token_logprobs_and_entropy)")
         per_token = per_token - cfg.entropy_coef * entropy
-    loss = (per_token * mask * weights).sum()
-    return loss, stats
+    return per_token * mask * weights, stats
 
 
 def _policy_term(inputs: LossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -328,6 +341,20 @@ def micro_batch_loss(
     forward pass (of the same inputs and attention mask). With entropy_coef > 0 the entropy has a gradient.
     `chunk_size`: targets per chunk of the output head (`trainer.logits_chunk_size`); `nucleus`: the
     tokens vLLM sampled from, each model's own (so that the KL penalty is 0 where the two agree)."""
+    _, token_loss, stats = micro_batch_scores(model, batch, cfg, norm, chunk_size, nucleus)
+    return token_loss.sum(), stats
+
+
+def micro_batch_scores(
+    model: TrainedModel,
+    batch: MicroBatch | PackedBatch,
+    cfg: LossBase,
+    norm: LossNorm,
+    chunk_size: int = DEFAULT_LOGITS_CHUNK_SIZE,
+    nucleus: Nucleus = EVERY_TOKEN,
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """`micro_batch_loss` per target: the policy's logprobs and each target's loss (`policy_token_loss`),
+    [rows, T-1] each, with gradient, and the stats."""
     ref_logprobs = None
     if cfg.kl_coef > 0:
         # The base model is the same weights with the adapter switched off: no second copy in memory
@@ -337,7 +364,7 @@ def micro_batch_loss(
             ref_logprobs = token_logprobs(model, batch, chunk_size, nucleus)
     bonus = cfg.entropy_coef > 0
     logprobs, entropy = token_logprobs_and_entropy(model, batch, bonus, chunk_size, nucleus)
-    loss, stats = policy_loss(logprobs, batch, cfg, norm, ref_logprobs, entropy if bonus else None)
+    token_loss, stats = policy_token_loss(logprobs, batch, cfg, norm, ref_logprobs, entropy if bonus else None)
     mask = batch.loss_mask.float()
     stats["entropy"] = (entropy.detach() * mask).sum() / mask.sum().clamp(min=1)
-    return loss, stats
+    return logprobs, token_loss, stats

@@ -45,7 +45,7 @@ import torch
 from transformers import PreTrainedModel
 
 from lorarl.trainer.attention import PACKED_SDPA, SEGMENTS_KWARG, Segments, flex_block_mask
-from lorarl.trainer.batching import MicroBatch, TrainSample, by_temperature, micro_batches
+from lorarl.trainer.batching import MicroBatch, TrainSample, by_temperature, micro_batches_with_samples
 
 # Attention implementations that take a custom 4D mask: a boolean one (True = attend) for sdpa,
 # an additive float one for eager.
@@ -85,6 +85,10 @@ Unit = TrainSample | SharedPrompt
 
 def unit_length(unit: Unit) -> int:
     return unit.length if isinstance(unit, SharedPrompt) else len(unit.input_ids)
+
+
+def unit_samples(unit: Unit) -> tuple[TrainSample, ...]:
+    return unit.samples if isinstance(unit, SharedPrompt) else (unit,)
 
 
 @dataclass
@@ -211,12 +215,19 @@ class ForwardPasses:
     share_prompts: bool = False
 
     def split(self, samples: Sequence[TrainSample]) -> Iterator[MicroBatch | PackedBatch]:
+        return (batch for _, batch in self.split_with_samples(samples))
+
+    def split_with_samples(
+        self, samples: Sequence[TrainSample]
+    ) -> Iterator[tuple[list[TrainSample], MicroBatch | PackedBatch]]:
+        """`split`, each pass with its samples in the order of its `sample_index` (packing reorders
+        them), for a caller that reads results per sample."""
         if not self.packing:
-            return micro_batches(samples, self.micro_batch_size, self.pad_id)
+            return micro_batches_with_samples(samples, self.micro_batch_size, self.pad_id)
         # A multi-turn sample can outgrow seq_len: the episode ends on an environment reply that filled
         # it (no loss tokens there, but still input). Such a sample gets a row of its own.
         capacity = max(self.seq_len, max((len(s.input_ids) for s in samples), default=0))
-        return packed_micro_batches(samples, capacity, self.micro_batch_size, self.pad_id, self.share_prompts)
+        return packed_with_samples(samples, capacity, self.micro_batch_size, self.pad_id, self.share_prompts)
 
     def without_loss(self) -> MicroBatch | PackedBatch:
         """A pass without loss tokens, for a rank that has run out of its own (`same_passes`)."""
@@ -229,6 +240,13 @@ def packed_micro_batches(
     """Pack `samples` into rows of at most `capacity` tokens and yield `rows_per_batch` rows at a
     time, grouped by temperature (a forward pass is scored at one temperature). With `share_prompts`,
     rows of up to `SHARED_ROW_FACTOR` x `capacity` tokens, as many fewer per pass."""
+    return (batch for _, batch in packed_with_samples(samples, capacity, rows_per_batch, pad_id, share_prompts))
+
+
+def packed_with_samples(
+    samples: Sequence[TrainSample], capacity: int, rows_per_batch: int, pad_id: int, share_prompts: bool = False
+) -> Iterator[tuple[list[TrainSample], PackedBatch]]:
+    """`packed_micro_batches`, each with its samples in the order of its `sample_index`."""
     for temp, group in by_temperature(samples).items():
         units = shared_prompts(group, SHARED_ROW_FACTOR * capacity) if share_prompts else list(group)
         lengths = [unit_length(u) for u in units]
@@ -236,7 +254,9 @@ def packed_micro_batches(
         per_pass = max(1, rows_per_batch * capacity // width)
         rows = least_padded_rows(lengths, width, per_pass)
         for i in range(0, len(rows), per_pass):
-            yield collate_packed([[units[j] for j in row] for row in rows[i : i + per_pass]], pad_id, temp)
+            packed = [[units[j] for j in row] for row in rows[i : i + per_pass]]
+            in_order = [s for row in packed for unit in row for s in unit_samples(unit)]
+            yield in_order, collate_packed(packed, pad_id, temp)
 
 
 def shared_prompts(samples: Sequence[TrainSample], max_length: int) -> list[Unit]:
@@ -348,7 +368,7 @@ class _RowTensors:
         start, segment, sample = 0, 0, first
         for unit in row:
             shared, skip = None, 0
-            samples = unit.samples if isinstance(unit, SharedPrompt) else (unit,)
+            samples = unit_samples(unit)
             if isinstance(unit, SharedPrompt):  # the shared tokens: no loss, counted with the first sample
                 skip = unit.prefix_len
                 span = slice(start, start + skip)

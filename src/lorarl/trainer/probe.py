@@ -24,6 +24,7 @@ import peft
 import torch
 
 from lorarl.config.run import RLConfig
+from lorarl.config.serve import ServeConfig
 
 PROBE_MAX_LEN = 128  # tokens of each sequence at most
 
@@ -96,7 +97,7 @@ class Probe:
 _PROBES: weakref.WeakKeyDictionary[torch.nn.Module, Probe] = weakref.WeakKeyDictionary()
 
 
-def attach_probe(model: torch.nn.Module, cfg: RLConfig) -> None:
+def attach_probe(model: torch.nn.Module, cfg: RLConfig | ServeConfig) -> None:
     """Score the probe under the base model now, so that every version write_policy writes of `model`
     carries its PROBE_FILE; nothing with inference.served_check "off" or full fine-tuning."""
     if cfg.inference.served_check == "off" or cfg.model.full_finetune:
