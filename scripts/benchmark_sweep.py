@@ -58,8 +58,8 @@ def rl_with_stock_ops(argv: list[str]) -> None:
     """`rl` whose vLLM servers run vLLM's own CPU LoRA ops (this script's --rl-with-stock-ops)."""
     lora_args = server.lora_args
 
-    def stock_lora_args(cfg: RLConfig, gpus: int, experts: bool) -> list[str]:
-        return without_cpu_lora(lora_args(cfg, gpus, experts))
+    def stock_lora_args(adapters: server.Adapters, gpus: int, with_slots: bool = True) -> list[str]:
+        return without_cpu_lora(lora_args(adapters, gpus, with_slots))
 
     server.lora_args = stock_lora_args  # what vllm_command calls
     rl.main(argv)
@@ -148,7 +148,7 @@ def benchmark_vllm(cfg: RLConfig, folder: Path) -> None:
     for name, variant in variant_configs(cfg):
         adapters[name] = folder / name
         apply_lora(load_model(variant.model), variant.lora).save_pretrained(str(adapters[name]))
-    ours = server.vllm_command(cfg, gpus=0, experts=False)  # a CPU benchmark of dense LoRA
+    ours = server.vllm_command(cfg, server.rl_adapters(cfg, experts=False), gpus=0)  # a CPU benchmark of dense LoRA
     print(f"--max-lora-rank {ours[ours.index('--max-lora-rank') + 1]}", flush=True)
     print("| LoRA ops | batch | s (median of 3) |\n|---|---|---|", flush=True)
     for ops, stock in OPS.items():

@@ -131,7 +131,7 @@ async def _serve(
         trainer_cfg = json.loads((folder.configs / "trainer.json").read_text())
         address = ("127.0.0.1", int(trainer_cfg["serve"]["trainer_port"]))
         engine = await asyncio.to_thread(connect, address, authkey, cfg.inference.startup_timeout, alive)
-    except (RuntimeError, TimeoutError) as e:
+    except (RuntimeError, TimeoutError) as e:  # EngineError is a RuntimeError
         if stopped_by:
             return exit_codes.for_signal(stopped_by[0])
         failed = supervisor.failed()

@@ -15,6 +15,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from multiprocessing import Pipe
 from multiprocessing.connection import Client, Connection, Listener, wait
 from multiprocessing.context import AuthenticationError
@@ -155,9 +156,9 @@ class EngineClient:
         self._conn.close()
 
 
-def connect(address: Address, authkey: bytes, timeout: float) -> EngineClient:
-    """A client of the trainer at `address`, tried again until it listens (it loads the model first) or
-    `timeout` seconds pass: then EngineError naming the address."""
+def connect(address: Address, authkey: bytes, timeout: float, alive: Callable[[], bool] = lambda: True) -> EngineClient:
+    """A client of the trainer at `address`, tried again until it listens (it loads the model first),
+    `timeout` seconds pass or `alive()` turns false (its process died): then EngineError naming the address."""
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -165,7 +166,7 @@ def connect(address: Address, authkey: bytes, timeout: float) -> EngineClient:
         except AuthenticationError:
             raise EngineError(f"the trainer at {_where(address)} refused the key (LORARL_SERVE_AUTHKEY)") from None
         except (OSError, EOFError) as e:
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= deadline or not alive():
                 raise EngineError(f"no trainer answers on {_where(address)} after {timeout:g} s ({e})") from None
             time.sleep(0.1)
 
