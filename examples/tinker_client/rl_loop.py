@@ -3,8 +3,8 @@ weights, score them, and train on their advantages (importance_sampling), as Tin
 
     python examples/tinker_client/rl_loop.py [--from tinker://.../weights/sft-final] [--steps 20]
 
-Without --from it first runs a short supervised warm-up (the tiny model of the quickstart knows
-nothing yet). Against `lorarl-serve @ configs/serve/quickstart.toml` (docs/serve.md). Prints the mean
+It starts from the served model (the quickstart's warmed-up one), or a state saved by sft_loop.py
+(--from); --warmup-steps adds a supervised warm-up first. Against `lorarl-serve @ configs/serve/quickstart.toml` (docs/serve.md). Prints the mean
 reward of each step; --lr 0 gives the control (the same sampling, no learning).
 """
 
@@ -22,7 +22,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--from", dest="start", default=None, help="a saved state to start from")
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--warmup-steps", type=int, default=40)
+    parser.add_argument("--warmup-steps", type=int, default=0)
     parser.add_argument("--words", type=int, default=16, help="prompts per step")
     parser.add_argument("--group", type=int, default=8, help="samples per prompt")
     parser.add_argument("--lr", type=float, default=2e-3)
@@ -30,18 +30,17 @@ def main() -> None:
     args = parser.parse_args()
     service = connect()
     if args.start:
-        training = service.create_training_client_from_state(args.start)
+        training = service.create_training_client_from_state(args.start).result()
     else:
-        training = service.create_lora_training_client(base_model=served_model(service), rank=32, seed=args.seed)
+        training = service.create_lora_training_client(base_model=served_model(service), rank=8, seed=args.seed).result()
     tokenizer = training.get_tokenizer()
     rng = random.Random(args.seed)
-    if not args.start:
-        for _ in range(args.warmup_steps):
-            training.forward_backward([supervised_datum(tokenizer, example(rng)) for _ in range(32)], "cross_entropy")
-            training.optim_step(types.AdamParams(learning_rate=3e-3))
+    for _ in range(args.warmup_steps):
+        training.forward_backward([supervised_datum(tokenizer, example(rng)) for _ in range(32)], "cross_entropy")
+        training.optim_step(types.AdamParams(learning_rate=3e-3))
     params = types.SamplingParams(max_tokens=16, temperature=1.0, stop=[tokenizer.eos_token_id])
     for step in range(1, args.steps + 1):
-        sampler = training.save_weights_and_get_sampling_client()
+        sampler = training.save_weights_and_get_sampling_client().result()
         words = [example(rng) for _ in range(args.words)]
         prompts = [prompt_tokens(tokenizer, w) for w in words]
         futures = [sampler.sample(types.ModelInput.from_ints(p), args.group, params) for p in prompts]

@@ -1,5 +1,5 @@
-"""A supervised loop with the stock `tinker` SDK: LoRA on the served base model learns to write a word
-backwards (cross_entropy), then saves its state for rl_loop.py.
+"""A supervised loop with the stock `tinker` SDK: a LoRA adapter on the served model learns to write a
+word backwards (cross_entropy), then saves its state (rl_loop.py --from can start from it).
 
     python examples/tinker_client/sft_loop.py [--steps 60]
 
@@ -25,7 +25,7 @@ def main() -> None:
     parser.add_argument("--name", default="sft-final", help="the name the state is saved as")
     args = parser.parse_args()
     service = connect()
-    training = service.create_lora_training_client(base_model=served_model(service), rank=args.rank, seed=0)
+    training = service.create_lora_training_client(base_model=served_model(service), rank=args.rank, seed=0).result()
     tokenizer = training.get_tokenizer()
     rng = random.Random(0)
     for step in range(1, args.steps + 1):

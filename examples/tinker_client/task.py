@@ -44,7 +44,8 @@ def reward(completion: str, word: str) -> float:
 def prompt_tokens(tokenizer, word: str) -> list[int]:  # type: ignore[no-untyped-def]
     """The chat up to the assistant's turn, as token ids."""
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": word}]
-    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return list(tokenizer.encode(text, add_special_tokens=False))
 
 
 def supervised_datum(tokenizer, word: str) -> types.Datum:  # type: ignore[no-untyped-def]
