@@ -4,8 +4,9 @@ weights, score them, and train on their advantages (importance_sampling), as Tin
     python examples/tinker_client/rl_loop.py [--from tinker://.../weights/sft-final] [--steps 20]
 
 It starts from the served model (the quickstart's warmed-up one), or a state saved by sft_loop.py
-(--from); --warmup-steps adds a supervised warm-up first. Against `lorarl-serve @ configs/serve/quickstart.toml` (docs/serve.md). Prints the mean
-reward of each step; --lr 0 gives the control (the same sampling, no learning).
+(--from); --warmup-steps adds a supervised warm-up first. Against `lorarl-serve @
+configs/serve/quickstart.toml` (docs/serve.md). Prints the mean reward of each step; --lr 0 gives the
+control (the same sampling, no learning).
 """
 
 from __future__ import annotations
@@ -13,9 +14,8 @@ from __future__ import annotations
 import argparse
 import random
 
-from tinker import types
-
 from task import connect, example, prompt_tokens, reward, served_model, supervised_datum
+from tinker import types
 
 
 def main() -> None:
@@ -32,7 +32,9 @@ def main() -> None:
     if args.start:
         training = service.create_training_client_from_state(args.start).result()
     else:
-        training = service.create_lora_training_client(base_model=served_model(service), rank=8, seed=args.seed).result()
+        training = service.create_lora_training_client(
+            base_model=served_model(service), rank=8, seed=args.seed
+        ).result()
     tokenizer = training.get_tokenizer()
     rng = random.Random(args.seed)
     for _ in range(args.warmup_steps):

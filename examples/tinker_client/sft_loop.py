@@ -11,9 +11,8 @@ from __future__ import annotations
 import argparse
 import random
 
-from tinker import types
-
 from task import connect, example, served_model, supervised_datum
+from tinker import types
 
 
 def main() -> None:

@@ -22,6 +22,8 @@ from tests.integration.serve.conftest import KEY, OTHER_KEY, Server, running_ser
 
 pytestmark = [pytest.mark.integration]
 
+SPECS = ((4, 1), (8, 2), (16, 3))  # (rank, seed) of the three tenants
+
 
 def datum(tokens: list[int], weights: list[float] | None = None) -> types.Datum:
     """A supervised datum of `tokens`: every next token a target, weighted 1 (or by `weights`)."""
@@ -74,16 +76,14 @@ def test_three_tenants_at_once_each_train_as_alone(server: Server) -> None:
     """Interleaved on one base, three adapters end where each ends trained alone (float noise)."""
     service = server.client()
     base = service.get_server_capabilities().supported_models[0].model_name
-    tenants = [
-        service.create_lora_training_client(base_model=base, rank=r, seed=s) for r, s in ((4, 1), (8, 2), (16, 3))
-    ]
+    tenants = [service.create_lora_training_client(base_model=base, rank=r, seed=s) for r, s in SPECS]
     data = [batch(10 + i) for i in range(3)]
     for _ in range(3):  # in turn, each request answered before the next tenant's
         for tenant, d in zip(tenants, data, strict=True):
             tenant.forward_backward(d, "cross_entropy")
             tenant.optim_step(types.AdamParams(learning_rate=1e-2))
     together = [logprobs_of(t, d) for t, d in zip(tenants, data, strict=True)]
-    for (rank, seed), d, mixed in zip(specs, data, together, strict=True):
+    for (rank, seed), d, mixed in zip(SPECS, data, together, strict=True):
         alone = service.create_lora_training_client(base_model=base, rank=rank, seed=seed)
         train(alone, d, steps=3)
         solo = logprobs_of(alone, d)
