@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -17,6 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 import tinker
+from safetensors.torch import load_file, save_file
 
 from tests.conftest import free_port
 from tests.integration.helpers import console_script
@@ -85,8 +87,22 @@ def running_server(config: Path, *flags: str, timeout: float = 300) -> Iterator[
 
 
 @pytest.fixture(scope="session")
-def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def peaked_model(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model with its embeddings (tied to the output head) scaled by 4. At the random
+    initialisation's scale every next-token distribution is near uniform and the frozen head caps what
+    a LoRA can move: an RL loop raised a reward from 0.10 to 0.16 in 20 steps and no further. Scaled,
+    the distributions are as peaked as a trained model's and the same loop reaches 0.99 in 8 steps."""
+    folder = tmp_path_factory.mktemp("models") / "tiny-qwen3-peaked"
+    shutil.copytree(tiny_model, folder)
+    weights = load_file(folder / "model.safetensors")
+    weights["model.embed_tokens.weight"] *= 4
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    return folder
+
+
+@pytest.fixture(scope="session")
+def server(peaked_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """One lorarl-serve for the module's tests (its start costs a vLLM worker's and a trainer's)."""
     out = tmp_path_factory.mktemp("serve")
-    with running_server(serve_config(tiny_model, out, "shared")) as s:
+    with running_server(serve_config(peaked_model, out, "shared")) as s:
         yield s

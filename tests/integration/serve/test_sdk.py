@@ -210,3 +210,47 @@ def test_a_killed_server_resumes_its_futures_and_tenants(tiny_model: Path, tmp_p
         )
         with urllib.request.urlopen(request, timeout=60) as answer:
             assert answer.headers["Content-Type"].startswith("application/x-protobuf") and answer.read()
+
+
+def rl_rewards(service: tinker.ServiceClient, base: str, lr: float, steps: int = 10) -> list[float]:
+    """The mean reward of each step of a cookbook-style RL loop (sample a group per prompt from the
+    current weights, score, centre by the group's mean, train with importance_sampling): each
+    completion token is rewarded 1 if it is a lowercase ASCII letter (bytes 97-122 of the tiny
+    model's byte vocabulary, about a tenth of it); a completion's reward is its share of them."""
+    client = service.create_lora_training_client(base_model=base, rank=8, seed=9).result()
+    rng = random.Random(0)
+    params = types.SamplingParams(max_tokens=12, temperature=1.0)
+    means = []
+    for _ in range(steps):
+        sampler = client.save_weights_and_get_sampling_client().result()
+        prompts = [[rng.randrange(10, 200) for _ in range(6)] for _ in range(4)]
+        futures = [sampler.sample(types.ModelInput.from_ints(p), 8, params) for p in prompts]
+        data, rewards = [], []
+        for prompt, future in zip(prompts, futures, strict=True):
+            group = future.result().sequences
+            scores = [sum(97 <= t <= 122 for t in s.tokens) / max(len(s.tokens), 1) for s in group]
+            rewards += scores
+            mean = sum(scores) / len(scores)
+            for seq in group:
+                tokens = prompt + seq.tokens
+                inputs = {
+                    "target_tokens": tokens[1:],
+                    "logprobs": [0.0] * (len(prompt) - 1) + list(seq.logprobs),
+                    "advantages": [0.0] * (len(prompt) - 1) + [float(97 <= t <= 122) - mean for t in seq.tokens],
+                }
+                data.append(types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs=inputs))
+        client.forward_backward(data, "importance_sampling").result()
+        client.optim_step(types.AdamParams(learning_rate=lr)).result()
+        means.append(sum(rewards) / len(rewards))
+    return means
+
+
+def test_an_rl_loop_raises_its_reward_against_a_control(server: Server) -> None:
+    """The same loop with learning rate 0 samples the same way and learns nothing: the trained one's
+    reward rises above it."""
+    service = server.client()
+    base = service.get_server_capabilities().supported_models[0].model_name
+    trained, control = rl_rewards(service, base, lr=3e-2), rl_rewards(service, base, lr=0.0)
+    last = slice(-3, None)
+    assert sum(trained[last]) / 3 > sum(control[last]) / 3 + 0.1, (trained, control)
+    assert sum(trained[last]) / 3 > trained[0] + 0.1, trained
