@@ -140,7 +140,7 @@ def trainer_step_seconds(model: str, batch: list[types.Datum], steps: int) -> fl
 
 
 def tenants_tokens_per_s(service: tinker.ServiceClient, base: str, tenants: int, batch: int, steps: int) -> float:
-    clients = [service.create_lora_training_client(base_model=base, rank=8, seed=i) for i in range(tenants)]
+    clients = [service.create_lora_training_client(base_model=base, rank=8, seed=i).result() for i in range(tenants)]
     batches = [data(100 + i, batch) for i in range(tenants)]
     api_step(clients[0], batches[0])  # warm
 
@@ -161,8 +161,8 @@ def tenants_tokens_per_s(service: tinker.ServiceClient, base: str, tenants: int,
 def sampling_tokens_per_s(service: tinker.ServiceClient, base: str, tenants: int) -> float:
     samplers = []
     for i in range(tenants):
-        client = service.create_lora_training_client(base_model=base, rank=8, seed=i)
-        samplers.append(client.save_weights_and_get_sampling_client())
+        client = service.create_lora_training_client(base_model=base, rank=8, seed=i).result()
+        samplers.append(client.save_weights_and_get_sampling_client().result())
     params = types.SamplingParams(max_tokens=COMPLETION, temperature=1.0, stop=[])
     prompt = types.ModelInput.from_ints(list(range(10, 10 + PROMPT)))
     [s.sample(prompt, 1, params).result() for s in samplers]  # adapters loaded
@@ -182,7 +182,7 @@ def main() -> None:
         service = tinker.ServiceClient(base_url=url, api_key="tml-bench")
         base = str(service.get_server_capabilities().supported_models[0].model_name)
         batch = data(0, args.batch)
-        client = service.create_lora_training_client(base_model=base, rank=8, seed=0)
+        client = service.create_lora_training_client(base_model=base, rank=8, seed=0).result()
         api = statistics.median([api_step(client, batch) for _ in range(args.steps + 1)][1:])
         direct = trainer_step_seconds(args.model, batch, args.steps)
         print("| step of | s (median) | overhead |\n|---|---|---|")

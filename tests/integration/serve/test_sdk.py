@@ -254,3 +254,29 @@ def test_an_rl_loop_raises_its_reward_against_a_control(server: Server) -> None:
     last = slice(-3, None)
     assert sum(trained[last]) / 3 > sum(control[last]) / 3 + 0.1, (trained, control)
     assert sum(trained[last]) / 3 > trained[0] + 0.1, trained
+
+
+def test_forward_backward_custom_trains_as_the_same_loss_built_in(server: Server) -> None:
+    """The SDK computes a custom loss on the logprobs of a forward pass and sends its gradient back as
+    per-token weights of cross_entropy: written as cross entropy with weights of both signs, it must
+    move the adapter exactly as the built-in one does."""
+    service = server.client()
+    base = service.get_server_capabilities().supported_models[0].model_name
+    built_in, custom = (service.create_lora_training_client(base_model=base, rank=8, seed=8).result() for _ in "ab")
+    rng = random.Random(60)
+    data = [
+        datum(t, [1.0 if i % 2 else -0.5 for i in range(11)])
+        for t in ([rng.randrange(10, 200) for _ in range(12)] for _ in range(3))
+    ]
+
+    def cross_entropy(data: list[types.Datum], logprobs: list) -> tuple:  # type: ignore[type-arg]
+        loss = -sum((lp * d.loss_fn_inputs["weights"].to_torch()).sum() for d, lp in zip(data, logprobs, strict=True))
+        return loss, {}
+
+    ours = custom.forward_backward_custom(data, cross_entropy).result()
+    theirs = built_in.forward_backward(data, "cross_entropy").result()
+    assert math.isclose(ours.metrics["loss:sum"], theirs.metrics["loss:sum"], rel_tol=1e-5)
+    for client in (built_in, custom):
+        client.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+    after = [sum(logprobs_of(c, data), []) for c in (built_in, custom)]
+    assert after[0] == pytest.approx(after[1], abs=1e-5)
