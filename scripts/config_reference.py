@@ -23,6 +23,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from lorarl.config.run import RLConfig, RLRunMode, RunMode, SharedConfig
+from lorarl.config.serve import ServeConfig, ServeRunMode
 from lorarl.config.sft import SFTConfig
 
 PAGE = Path(__file__).parents[1] / "docs" / "config.md"
@@ -33,11 +34,11 @@ edit those, then run `{WRITE}`. -->
 
 # Config reference
 
-Look up any option of `rl` or `sft`: its default and what it does.
+Look up any option of `rl`, `sft` or `lorarl-serve`: its default and what it does.
 
-Every option of `rl`, then those of `sft`, with the text `--help` shows. Defaults are written as in
-TOML; `none`: unset (leave the key out, or give `--key null`). A section that may be left out says
-what "absent" means."""
+Every option of `rl`, then those of `sft` and `lorarl-serve`, with the text `--help` shows. Defaults
+are written as in TOML; `none`: unset (leave the key out, or give `--key null`). A section that may be
+left out says what "absent" means."""
 
 Row = tuple[str, str, str]  # key, default as TOML, description
 
@@ -171,21 +172,27 @@ def table(heading: str, doc: str, rows: list[Row]) -> list[str]:
 
 
 def reference() -> str:
-    """The text of docs/config.md: every section of `rl`; then of `sft` only what `rl` lacks, and where
-    its shared sections sit in `rl` (with the defaults that differ)."""
+    """The text of docs/config.md: every section of `rl`; then of `sft` and `lorarl-serve` only what `rl`
+    lacks, and where their shared sections sit in `rl` (with the defaults that differ)."""
     lines = [INTRO, "", "## `rl`", "", markdown(RLConfig.__doc__ or ""), ""]
     rl = list(sections(RLConfig))
     for section in rl:
         lines += table(section.heading, section.doc, section.rows())
     lines += table("Run-mode flags", RLRunMode.__doc__ or "", Section("", RLRunMode, False, "", None).rows())
-    in_rl = {section.model: section for section in reversed(rl) if section.kind is None}  # where each first appears
+    lines += beside_rl("sft", SFTConfig, RunMode, "[Supervised fine-tuning](sft.md)", rl)
+    lines += beside_rl("lorarl-serve", ServeConfig, ServeRunMode, "[The Tinker API](serve.md)", rl)
+    return "\n".join(lines).rstrip("\n") + "\n"
 
-    sft_top, *sft = sections(SFTConfig)
-    own_rows = [row for row in sft_top.rows() if row not in rl[0].rows()]
-    same = [f"`{row[0]}`" for row in sft_top.rows() if row not in own_rows]
+
+def beside_rl(command: str, config: type[BaseModel], mode: type[BaseModel], guide: str, rl: list[Section]) -> list[str]:
+    """The part of the page for `command`: what it shares with `rl` in one list, its own keys in tables."""
+    in_rl = {section.model: section for section in reversed(rl) if section.kind is None}  # where each first appears
+    top, *rest = sections(config)
+    own_rows = [row for row in top.rows() if row not in rl[0].rows()]
+    same = [f"`{row[0]}`" for row in top.rows() if row not in own_rows]
     moved: list[str] = []
     own: list[Section] = []
-    for section in sft:
+    for section in rest:
         if (twin := in_rl.get(section.model)) is None:
             own.append(section)
             continue
@@ -196,14 +203,15 @@ def reference() -> str:
         else:
             where = "as in `rl`" if twin.path == section.path else f"as {twin.heading}"
             moved.append(f"* {section.heading}: {where}" + (f", but {', '.join(differ)}" if differ else ""))
-    sft_doc = markdown(SFTConfig.__doc__ or "") + " See [Supervised fine-tuning](sft.md)."
-    lines += ["## `sft`", "", sft_doc, "", f"* {', '.join(same)}: as in `rl`", *moved, ""]
-    lines += table(sft_top.heading, "", own_rows)
-    mode_rows = Section("", RunMode, False, "", None).rows()
-    lines += [f"Run-mode flags: {', '.join(f'`--{key}`' for key, _, _ in mode_rows)}, as in `rl`.", ""]
+    doc = markdown(config.__doc__ or "") + f" See {guide}."
+    lines = [f"## `{command}`", "", doc, "", f"* {', '.join(same)}: as in `rl`", *moved, ""]
+    lines += table(top.heading, "", own_rows)
+    mode_rows = Section("", mode, False, "", None).rows()
+    flags = ", ".join(f"`--{key.replace('_', '-')}`" for key, _, _ in mode_rows)
+    lines += [f"Run-mode flags: {flags}.", ""]
     for section in own:
         lines += table(section.heading, section.doc, section.rows())
-    return "\n".join(lines).rstrip("\n") + "\n"
+    return lines
 
 
 def main() -> None:
