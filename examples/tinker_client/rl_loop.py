@@ -51,6 +51,7 @@ def main() -> None:
             sequences = future.result().sequences
             scores = [reward(tokenizer.decode(s.tokens, skip_special_tokens=True), word) for s in sequences]
             mean = sum(scores) / len(scores)
+            std = (sum((s - mean) ** 2 for s in scores) / len(scores)) ** 0.5
             rewards += scores
             for seq, score in zip(sequences, scores, strict=True):
                 if score == mean:
@@ -63,7 +64,7 @@ def main() -> None:
                         loss_fn_inputs={
                             "target_tokens": tokens[1:],
                             "logprobs": [0.0] * n_prompt + list(seq.logprobs),
-                            "advantages": [0.0] * n_prompt + [score - mean] * len(seq.tokens),
+                            "advantages": [0.0] * n_prompt + [(score - mean) / (std + 1e-6)] * len(seq.tokens),
                         },
                     )
                 )

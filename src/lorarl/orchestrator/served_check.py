@@ -1,4 +1,4 @@
-"""The served-adapter check (issue 35; docs/served_check.md): is each worker serving the version the
+"""The served-adapter check (docs/served_check.md): is each worker serving the version the
 trainer wrote?
 
 The most common silent failure of LoRA RL is sampling from a policy other than the one trained: an

@@ -1,4 +1,4 @@
-"""The served-adapter check's probe, on the trainer's side (issue 35; docs/served_check.md).
+"""The served-adapter check's probe, on the trainer's side (docs/served_check.md).
 
 The orchestrator checks every policy version on every worker by scoring a small fixed probe through
 the served adapter and comparing with the trainer's logprobs of the same tokens. This module builds
