@@ -1,7 +1,7 @@
 """An RL loop with the stock `tinker` SDK: sample a group of answers per word from the current
 weights, score them, and train on their advantages (importance_sampling), as Tinker's cookbook does.
 
-    python examples/tinker_client/rl_loop.py [--from tinker://.../weights/sft-final] [--steps 20]
+    python examples/tinker_client/rl_loop.py [--from tinker://.../weights/sft-final] [--steps 80]
 
 It starts from the served model (the quickstart's warmed-up one), or a state saved by sft_loop.py
 (--from); --warmup-steps adds a supervised warm-up first. Against `lorarl-serve @
@@ -21,7 +21,7 @@ from tinker import types
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--from", dest="start", default=None, help="a saved state to start from")
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=80)
     parser.add_argument("--warmup-steps", type=int, default=0)
     parser.add_argument("--words", type=int, default=16, help="prompts per step")
     parser.add_argument("--group", type=int, default=8, help="samples per prompt")
