@@ -56,7 +56,7 @@ def server(model: str, folder: Path) -> Iterator[str]:
         "model": {"name": model},
         "trainer": {"micro_batch_size": 64},
         "inference": {"port": free_port(), "kv_cache_gib": 1},
-        "serve": {"port": port, "max_rank": 8, "max_loras": 8, "max_tenants": 16},
+        "serve": {"port": port, "max_rank": 8, "max_loras": 8, "max_tenants": 32},
     }
     config = folder / "serve.json"
     config.write_text(json.dumps(cfg))
@@ -101,10 +101,13 @@ def api_step(client: tinker.TrainingClient, batch: list[types.Datum]) -> float:
     return time.perf_counter() - start
 
 
-def trainer_step_seconds(model: str, batch: list[types.Datum], steps: int) -> float:
-    """The same step as rl's trainer takes it, in this process: its forward passes, loss and optimizer."""
+def trainer_step_seconds(model: str, batch: list[types.Datum], steps: int, threads: int | None) -> float:
+    """The same step as rl's trainer takes it, in this process: its forward passes, loss and optimizer, on
+    as many threads as the server's trainer (`threads`; None: torch's default)."""
     import torch
 
+    if threads is not None:
+        torch.set_num_threads(threads)
     from lorarl.config.algorithms import CrossEntropyLoss
     from lorarl.config.model import LoraConfig, ModelConfig
     from lorarl.trainer.batching import TrainSample
@@ -184,16 +187,19 @@ def main() -> None:
         batch = data(0, args.batch)
         client = service.create_lora_training_client(base_model=base, rank=8, seed=0).result()
         api = statistics.median([api_step(client, batch) for _ in range(args.steps + 1)][1:])
-        direct = trainer_step_seconds(args.model, batch, args.steps)
+        trainer = json.loads((Path(tmp) / "bench" / "configs" / "trainer.json").read_text())["trainer"]
+        direct = trainer_step_seconds(args.model, batch, args.steps, trainer["num_threads"])
         print("| step of | s (median) | overhead |\n|---|---|---|")
-        print(f"| rl's trainer, in process | {direct:.3f} | |")
+        print(f"| rl's trainer, in process ({trainer['num_threads']} threads, as the server's) | {direct:.3f} | |")
         print(f"| the Tinker API (forward_backward + optim_step) | {api:.3f} | {100 * (api / direct - 1):+.0f}% |\n")
         print("| tenants at once | trained tokens/s | per tenant |\n|---|---|---|")
+        rates = {}
         for n in (1, 2, 4, 8):
-            rate = tenants_tokens_per_s(service, base, n, args.batch, args.steps)
-            print(f"| {n} | {rate:,.0f} | {rate / n:,.0f} |", flush=True)
+            rates[n] = tenants_tokens_per_s(service, base, n, args.batch, args.steps)
+            print(f"| {n} | {rates[n]:,.0f} | {rates[n] / n:,.0f} |", flush=True)
         big = tenants_tokens_per_s(service, base, 1, 4 * args.batch, args.steps)
         print(f"| 1 with a 4x batch | {big:,.0f} | {big:,.0f} |\n")
+        print(f"4 tenants at once / 1 tenant's 4x batch: {rates[4] / big:.2f}x\n")
         print("| sampler adapters live | generated tokens/s |\n|---|---|")
         for n in (1, 8):
             print(f"| {n} | {sampling_tokens_per_s(service, base, n):,.0f} |", flush=True)
