@@ -7,8 +7,9 @@ killed with `kill -9` and started again with `--resume` must still answer the fu
 and know every tenant, its owner and its last saved state. Only the API process opens the file, from
 its one event loop, so there is one writer and every change is committed as it is made (WAL mode,
 synchronous NORMAL: a killed server loses nothing committed; only a crash of the machine itself may
-lose the last commits, and spares the ~2 ms fsync that FULL costs on each of a step's several commits). A request that was still pending when the server stopped can never
-finish: `--resume` fails it, and its client gets one line saying so.
+lose the last commits, and spares the ~2 ms fsync that FULL costs on each of a step's several commits).
+A request that was still pending when the server stopped can never finish: `--resume` fails it, and
+its client gets one line saying so.
 
 Ownership: every row belongs to the key that made it (`owner`, a hash of the key; never the key).
 Lookups take the owner, so another key's id is "not found", never "forbidden".
