@@ -109,6 +109,13 @@ def test_trainer_and_sampler_logprobs_agree_and_sampling_answers_as_the_sdk_expe
         assert len(seq.tokens) == len(seq.logprobs) <= 6 and seq.stop_reason in ("stop", "length")
     again = sampler.sample(types.ModelInput.from_ints(tokens[:5]), 3, params).result()
     assert [s.tokens for s in again.sequences] == [s.tokens for s in result.sequences]  # the seed
+    scored = sampler.sample(
+        types.ModelInput.from_ints(tokens), 1, params, include_prompt_logprobs=True, topk_prompt_logprobs=2
+    ).result()
+    assert scored.prompt_logprobs is not None and scored.topk_prompt_logprobs is not None
+    assert scored.prompt_logprobs[0] is None and scored.prompt_logprobs[1:] == pytest.approx(served[1:], abs=1e-4)
+    for logprob, top in zip(scored.prompt_logprobs[1:], scored.topk_prompt_logprobs[1:], strict=True):
+        assert top is not None and len(top) == 2 and top[0][1] >= top[1][1] and top[0][1] >= logprob - 1e-4
 
 
 def _post(server: Server, path: str, body: bytes, key: str = KEY, proto: bool = False) -> tuple[int, dict]:
