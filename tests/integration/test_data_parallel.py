@@ -56,11 +56,16 @@ def train_one_step(tiny_model: Path, out: Path, name: str, dp: int, **trainer: A
 
 def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
     # Adam's first step is about lr * sign(gradient): the rare gradient entry within float noise of
-    # 0 (summed in another order over two ranks) may step either way. Every other entry must agree;
-    # ranks that did not sum their gradients would disagree almost everywhere.
+    # 0 (summed in another order over two ranks) may step either way (by about lr: 1e-2 in these
+    # tests). Gradients summed in another order also differ in their last bits, which Adam's
+    # normalisation carries into its steps: in a whole model fine-tuned for 3 steps 0.22% of the
+    # entries differ beyond float tolerance, by at most 1e-4. Ranks that did not sum their gradients
+    # would disagree almost everywhere, by about lr.
     assert a.keys() == b.keys()
-    differ = sum(int((~torch.isclose(a[k], b[k], rtol=1e-5, atol=1e-6)).sum()) for k in a)
-    assert differ <= 0.001 * sum(t.numel() for t in a.values()), differ
+    total = sum(t.numel() for t in a.values())
+    noisy = sum(int((~torch.isclose(a[k], b[k], rtol=1e-5, atol=1e-6)).sum()) for k in a)
+    flipped = sum(int(((a[k] - b[k]).abs() > 1e-3).sum()) for k in a)
+    assert noisy <= 0.01 * total and flipped <= 0.001 * total, (noisy, flipped)
 
 
 def test_two_ranks_train_the_same_adapter_as_one(tiny_model: Path, tmp_path: Path) -> None:
