@@ -2,7 +2,7 @@
 
 * vLLM workers, exactly as `rl` starts them (inference/server.py, launcher placement and core split),
   serving serve.max_loras adapters of up to serve.max_rank at once;
-* one trainer process (`python -m lorarl.serve.trainer`), which holds the base model once and every
+* one trainer process (`python -m lorarl.cli.serve_trainer`), which holds the base model once and every
   tenant's adapter, and takes work from the API over an authenticated local connection (rpc.py);
 * the Tinker API itself (api.py), in this process, on serve.host:serve.port.
 
@@ -32,10 +32,10 @@ from lorarl.launcher.placement import Placement, cuda_visible_devices
 from lorarl.launcher.plan import ProcessSpec
 from lorarl.launcher.supervisor import Supervisor
 from lorarl.serve.folder import ServeFolder
+from lorarl.serve.rpc import AUTHKEY_ENV
 from lorarl.written import record_written
 
 log = logging.getLogger("lorarl.serve")
-AUTHKEY_ENV = "LORARL_SERVE_AUTHKEY"
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -72,7 +72,7 @@ def plan_serve(cfg: ServeConfig, folder: ServeFolder, placement: Placement) -> l
         for i in range(0 if cfg.inference.urls else cfg.inference.num_workers)
     ]
     trainer_env = {"CUDA_VISIBLE_DEVICES": devices} if (devices := gpus("trainer")) else {}
-    trainer_cmd = [sys.executable, "-m", "lorarl.serve.trainer", "@", str(trainer_json)]
+    trainer_cmd = [sys.executable, "-m", "lorarl.cli.serve_trainer", "@", str(trainer_json)]
     specs.append(ProcessSpec("trainer", trainer_cmd, trainer_env, role="trainer"))
     (folder.configs / "commands.txt").write_text("".join(f"# {s.name}\n{s.shell()}\n" for s in specs))
     (folder.configs / "placement.txt").write_text(placement.table())

@@ -1,4 +1,4 @@
-"""The channel between `lorarl-serve`'s API process and its trainer process (serve/trainer.py): the
+"""The channel between `lorarl-serve`'s API process and its trainer process (cli/serve_trainer.py): the
 API sends an operation of ops.py, the trainer runs it on its engine and sends back the result.
 
 multiprocessing.connection carries pickled objects over a socket and authenticates both ends with a
@@ -37,6 +37,9 @@ from lorarl.serve.ops import (
 
 if TYPE_CHECKING:  # the API process imports this module without torch
     from lorarl.serve.engine import Engine
+
+# The environment variable in which the launcher hands the trainer process the channel's key (hex).
+AUTHKEY_ENV = "LORARL_SERVE_AUTHKEY"
 
 log = logging.getLogger("lorarl.serve.rpc")
 

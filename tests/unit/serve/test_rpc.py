@@ -1,4 +1,4 @@
-"""lorarl-serve's trainer process, started as the launcher starts it (`python -m lorarl.serve.trainer`),
+"""lorarl-serve's trainer process, started as the launcher starts it (`python -m lorarl.cli.serve_trainer`),
 driven over its channel: results, BadRequest and EngineError cross as they are, a wrong key or no
 trainer is one line, SIGTERM stops it and leaves no process."""
 
@@ -28,8 +28,7 @@ from lorarl.serve.ops import (
     LoraSpec,
     OptimStep,
 )
-from lorarl.serve.rpc import EngineClient, EngineError, connect
-from lorarl.serve.trainer import AUTHKEY_ENV
+from lorarl.serve.rpc import AUTHKEY_ENV, EngineClient, EngineError, connect
 from tests.conftest import free_port
 
 DATUM = Datum(tokens=[5, 6, 7], targets=[6, 7, 8], weights=[1.0, 1.0, 1.0])
@@ -48,7 +47,7 @@ def start(config: Path, key: str | None) -> subprocess.Popen[str]:
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[3] / "src"), env.get("PYTHONPATH", "")])
     if key is not None:
         env[AUTHKEY_ENV] = key
-    return subprocess.Popen([sys.executable, "-m", "lorarl.serve.trainer", "@", str(config)], env=env,
+    return subprocess.Popen([sys.executable, "-m", "lorarl.cli.serve_trainer", "@", str(config)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
 
 

@@ -92,7 +92,7 @@ def random_samples(n: int, vocab: int, seed: int) -> list[TrainSample]:
 
 def rl_style_loss(logprobs: torch.Tensor, batch: MicroBatch | PackedBatch) -> torch.Tensor:
     """A loss that uses every per-token field, so a misaligned mask, logprob or advantage shows."""
-    adv = batch.token_advantages if isinstance(batch, PackedBatch) else batch.advantages[:, None]
+    adv = batch.token_advantages
     per_token = adv * logprobs + (logprobs - batch.old_logprobs) ** 2
     return (per_token * batch.loss_mask).sum()
 

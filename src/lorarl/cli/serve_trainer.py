@@ -1,4 +1,4 @@
-"""`python -m lorarl.serve.trainer @ config.json`: `lorarl-serve`'s trainer process. It loads the base
+"""`python -m lorarl.cli.serve_trainer @ config.json`: `lorarl-serve`'s trainer process. It loads the base
 model once (serve/engine.py), then takes operations from the API process on 127.0.0.1:serve.trainer_port
 (serve/rpc.py) until SIGTERM or SIGINT stops it.
 
@@ -17,9 +17,9 @@ from types import FrameType
 from lorarl.cli.common import exit_with, load_or_exit, setup_logging
 from lorarl.config.serve import ServeConfig
 from lorarl.exit_codes import BAD_INPUT, for_signal
+from lorarl.serve.rpc import AUTHKEY_ENV, EngineError, serve_engine
 
 log = logging.getLogger("lorarl.serve.trainer")
-AUTHKEY_ENV = "LORARL_SERVE_AUTHKEY"
 HOST = "127.0.0.1"
 
 
@@ -61,7 +61,6 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     from lorarl.serve.engine import Engine
-    from lorarl.serve.rpc import EngineError, serve_engine
 
     try:
         serve_engine(Engine(cfg), (HOST, port), authkey)
