@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -106,8 +106,9 @@ def _quantize_embeddings(model: Any, dtype: torch.dtype) -> None:
     out = Linear4bit(
         head.in_features, head.out_features, bias=False, compute_dtype=dtype, quant_type="nf4", device="meta"
     )
-    out.weight = weight if tied else _params4bit(head.weight, compress_statistics=True)
-    out.quant_state = out.weight.quant_state
+    head_weight = weight if tied else _params4bit(cast(torch.Tensor, head.weight), compress_statistics=True)
+    out.weight = head_weight
+    out.quant_state = head_weight.quant_state
     model.set_output_embeddings(out)
 
 
@@ -138,7 +139,7 @@ def _embedding4bit_class() -> type:
 
         def _save_to_state_dict(self, destination: dict[str, Any], prefix: str, keep_vars: bool) -> None:
             torch.nn.Module._save_to_state_dict(self, destination, prefix, keep_vars)
-            for key, value in self.weight.quant_state.as_dict(packed=True).items():
+            for key, value in cast(Any, self.weight).quant_state.as_dict(packed=True).items():
                 destination[prefix + "weight." + key] = value if keep_vars else value.detach()
 
     return Embedding4bitSaved
