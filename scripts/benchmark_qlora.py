@@ -85,7 +85,8 @@ def main() -> None:
     parser.add_argument("--one", nargs=2, metavar=("DTYPE", "QUANTIZATION"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(measure(args.model, *args.one, args.tokens, args.steps)))
+        dtype, quantization = args.one
+        print(json.dumps(measure(args.model, dtype, quantization, args.tokens, args.steps)))
         return
     rows = []
     for dtype, quantization in ROWS:
