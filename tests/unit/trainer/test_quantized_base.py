@@ -161,3 +161,31 @@ def cli_error(command: str, *args: str) -> str:
 )
 def test_bad_quantization_is_one_line(tiny_model: Path, command: str, args: list[str], said: str) -> None:
     assert said in cli_error(command, "--model.name", str(tiny_model), *args, "--dry-run")
+
+
+def test_rl_serves_the_run_folders_copy_under_the_model_name(tiny_model: Path, tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), *sys.path])}
+    args = ["--model.name", str(tiny_model), "--model.quantization", "nf4", "--output_dir", str(tmp_path)]
+    done = subprocess.run(
+        [sys.executable, "-m", "lorarl.cli.rl", "@", str(REPO / "configs/quickstart/rl.toml"), *args, "--dry-run"],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    served = tmp_path / "quickstart-rl" / "served_base"
+    worker = next(line for line in done.stdout.splitlines() if "vllm.entrypoints" in line)
+    assert f"--model {served} --served-model-name {tiny_model} --tokenizer {tiny_model}" in worker
+    assert not served.exists()  # a dry run writes nothing but configs/
+
+
+def test_the_served_base_is_written_once_and_recorded(nf4: ModelConfig, tmp_path: Path) -> None:
+    from lorarl.quantized_base import ensure_served_base
+    from lorarl.run_folder import RunFolder
+    from lorarl.written import recorded
+
+    run = RunFolder(tmp_path / "run")
+    run.prepare("rl", {}, resume=False, overwrite=False)
+    folder = ensure_served_base(nf4, run.root)
+    assert "served_base/" in recorded(run.root) and (folder / "MANIFEST.json").is_file()
+    written = (folder / "model.safetensors").stat().st_mtime_ns
+    assert ensure_served_base(nf4, run.root) == folder  # a resumed run's: kept as it is
+    assert (folder / "model.safetensors").stat().st_mtime_ns == written
