@@ -14,9 +14,15 @@ loss's names import torch, the environments' import transformers.
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import TYPE_CHECKING
 
 from lorarl.plugins import plugin
+
+# bitsandbytes (model.quantization), which transformers and PEFT import whenever it is installed, warns on
+# every CPU with AVX512-bf16 that it cannot fetch an optional kernel from a model hub: lorarl never uses that
+# kernel (quantized_base.py), and the line would break every one-line error of every command.
+logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 
 if TYPE_CHECKING:  # what mypy, IDEs and the API reference (griffe reads these statically) see
     from lorarl.orchestrator.advantages import AdvantageFn

@@ -62,3 +62,11 @@ def malloc_tunables(keep_freed_memory: bool) -> dict[str, str]:
     tunables = ":".join(f"glibc.malloc.{_TUNABLE_NAMES[k]}={v}" for k, v in settings.items())
     other = os.environ.get("GLIBC_TUNABLES")
     return {"GLIBC_TUNABLES": f"{other}:{tunables}" if other else tunables}
+
+
+def release_freed_memory() -> None:
+    """Hand the heap's free pages back to the system now (glibc's malloc_trim; nothing elsewhere): after
+    a load that freed more than it kept, such as a base quantized from its full-precision weights."""
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    if trim is not None:
+        trim(0)

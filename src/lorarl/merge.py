@@ -1,7 +1,8 @@
 """Fold a LoRA adapter into its base model: one Hugging Face model folder (weights, config,
 tokenizer) that transformers and vLLM load like any model, e.g. from the result of `sft`
 (`<run>/final`) or an RL broadcast (`broadcasts/step_N`). The merge is computed in float32 and
-saved in the base model's dtype unless asked otherwise. The output folder is checked before
+saved in the base model's dtype unless asked otherwise. An adapter trained on a 4-bit base
+(model.quantization) is merged into the full-precision base, and the merge says so. The output folder is checked before
 anything loads: only a new, empty or earlier merge folder is ever written. An earlier merge is
 replaced by the files its MANIFEST.json lists (the record of what lorarl wrote there): a file a user
 added stays, unless the new merge writes one of that name, which is refused.
@@ -68,6 +69,7 @@ def merge(base: str, adapter: Path, out: Path, dtype: str | None = None, overwri
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as transformers_logging
 
+    from lorarl.quantized_base import BASE_NOTE
     from lorarl.run_folder import write_folder_atomically
 
     check_model(base, "--base")
@@ -88,5 +90,8 @@ def merge(base: str, adapter: Path, out: Path, dtype: str | None = None, overwri
         (folder / MERGE_MARKER).write_text(json.dumps({"base": base, "adapter": str(adapter)}) + "\n")
 
     write_folder_atomically(out, write)
+    if (adapter / BASE_NOTE).is_file():
+        # model.quantization: the adapter learned on the 4-bit base; merged, it sits on the weights it rounded.
+        log.info("%s was trained on a 4-bit (nf4) base: merged into the full-precision base %s", adapter, base)
     log.info("wrote %s (%s + %s, %s)", out, base, adapter, str(out_dtype).removeprefix("torch."))
     return out

@@ -8,6 +8,7 @@
                           its optimizer step ended, for the hand-off latency perf/adapter_live_s)
     checkpoints/step_N/   trainer/ and orchestrator/ halves
     samples/step_N.jsonl  metrics.jsonl  final/  plots/ (lorarl-plot)
+    served_base/          with model.quantization: the base as the trainer sees it, which vLLM serves
 
 A run with [[variants]] trains several adapters: each has the four step folders above one level down,
 rollouts/<variant>/step_N/, broadcasts/<variant>/step_N/, checkpoints/<variant>/step_N/ and
@@ -73,6 +74,7 @@ _OUTPUTS = (
     "checkpoints",
     "final",
     "plots",
+    "served_base",  # a quantized base as the trainer sees it, which vLLM serves (quantized_base.py)
     METRICS,
     *SERVE_OUTPUTS,
 )

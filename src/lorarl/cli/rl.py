@@ -45,6 +45,10 @@ def main(argv: list[str] | None = None) -> None:
         print((run.configs / "commands.txt").read_text(), end="")
         print(f"# resolved configs, placement.txt and memory_plan.txt in {run.configs}/ (dry run: nothing started)")
         return
+    if cfg.model.quantization != "none" and not cfg.inference.urls:
+        from lorarl.quantized_base import ensure_served_base  # torch, bitsandbytes: only for a quantized base
+
+        log.info("vLLM serves %s", ensure_served_base(cfg.model, run.root))
     raise SystemExit(launch(cfg, mode.auto_resume, run, specs, placement))
 
 

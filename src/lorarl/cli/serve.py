@@ -46,6 +46,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"# configs, placement.txt and memory_plan.txt in {folder.configs}/ (dry run: nothing started)")
         return
     folder.hold_lock()
+    if cfg.model.quantization != "none" and not cfg.inference.urls:
+        from lorarl.quantized_base import ensure_served_base  # torch, bitsandbytes: only for a quantized base
+
+        log.info("vLLM serves %s", ensure_served_base(cfg.model, folder.root))
     raise SystemExit(serve(cfg, mode.resume, folder, specs))
 
 

@@ -89,6 +89,14 @@ class ModelConfig(Section):
     FlexAttention block mask (trains on GPUs only). "sdpa", "eager": a dense block-diagonal mask per
     packed row. "flash_attention_2", "flash_attention_3" (where installed): boundaries from position ids,
     no shared prompts."""
+    quantization: Literal["none", "nf4"] = "none"
+    """The frozen base's storage on the trainer (QLoRA, docs/qlora.md). "nf4": bitsandbytes' 4-bit NormalFloat
+    with double-quantized scales for every linear layer, the embeddings and the output head (about a quarter
+    of the bytes), dequantized to `dtype` on the fly; the LoRA adapter stays in `dtype`. vLLM serves the same
+    weights: the base as the trainer sees it (quantized, then dequantized to `dtype`) is written once into
+    the run folder (served_base/) and served from there. Needs a LoRA adapter (not full_finetune) and no
+    trainer.parallel.fsdp; `lorarl-merge` merges such an adapter into the full-precision base. "none": the
+    base as stored, in `dtype`."""
     lora: LoraConfig | None = None
     """The LoRA adapter to train. `rl` trains one (absent: the defaults below) unless full_finetune is set;
     absent in an `sft` config means full fine-tuning of every weight."""
@@ -103,4 +111,18 @@ class ModelConfig(Section):
     def _lora_or_full(self) -> ModelConfig:
         if self.full_finetune and self.lora is not None:
             raise ValueError("model.full_finetune trains every weight, so [model.lora] has no adapter to set: drop one")
+        if self.full_finetune and self.quantization != "none":
+            raise ValueError(
+                f"model.quantization = {self.quantization!r} freezes the base in 4 bits, so model.full_finetune "
+                "has no weight to train in it: train a LoRA adapter on it, or leave quantization at 'none'"
+            )
         return self
+
+
+def check_quantized_base(model: ModelConfig, fsdp: bool, fsdp_key: str) -> None:
+    """A quantized base is kept whole on one device: bitsandbytes' 4-bit weights are not sharded here."""
+    if model.quantization != "none" and fsdp:
+        raise ValueError(
+            f"model.quantization = {model.quantization!r} keeps the base in 4-bit weights that lorarl does not shard: "
+            f"set {fsdp_key} = false (the base is about a quarter of its size), or model.quantization = 'none'"
+        )

@@ -12,7 +12,7 @@ from pydantic import Field, field_validator, model_validator
 from lorarl.config.cluster import ClusterConfig
 from lorarl.config.common import Section, Seed, UserPath
 from lorarl.config.inference import InferenceConfig
-from lorarl.config.model import LoraConfig, ModelConfig
+from lorarl.config.model import LoraConfig, ModelConfig, check_quantized_base
 from lorarl.config.orchestrator import EnvConfig, OrchestratorConfig
 from lorarl.config.trainer import TrainerConfig
 
@@ -214,6 +214,11 @@ class RLConfig(SharedConfig):
         if self.trainer.policy_gap_interval is not None and (self.model.full_finetune or self.trainer.parallel.fsdp):
             what = "model.full_finetune (each version is a whole model)" if self.model.full_finetune else "fsdp"
             raise ValueError(f"trainer.policy_gap_interval keeps the adapter of each version: not with {what}")
+        return self
+
+    @model_validator(mode="after")
+    def _quantized_base_whole(self) -> RLConfig:
+        check_quantized_base(self.model, self.trainer.parallel.fsdp, "trainer.parallel.fsdp")
         return self
 
     @model_validator(mode="after")

@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from lorarl.config.common import DEFAULT_LOGITS_CHUNK_SIZE, LOGITS_CHUNK_DOC, Section, UserPath
-from lorarl.config.model import ModelConfig
+from lorarl.config.model import ModelConfig, check_quantized_base
 from lorarl.config.run import ResumeConfig, SharedConfig
 from lorarl.config.trainer import CheckpointConfig, OptimConfig, ParallelConfig, SchedulerConfig
 
@@ -78,3 +78,13 @@ class SFTConfig(SharedConfig):
     """Continue from a checkpoint in this run folder with the same config: `--resume` (the latest) or
     `--resume.step N`; the same steps, data order and weights as a run that never stopped. What the run
     wrote after that step is dropped. Absent: a new run."""
+
+    @model_validator(mode="after")
+    def _quantized_base_trains_lora(self) -> SFTConfig:
+        if self.model.quantization != "none" and self.model.lora is None:
+            raise ValueError(
+                f"model.quantization = {self.model.quantization!r} freezes the base in 4 bits: add [model.lora] "
+                "to train an adapter on it, or leave quantization at 'none' for full fine-tuning"
+            )
+        check_quantized_base(self.model, self.parallel.fsdp, "parallel.fsdp")
+        return self

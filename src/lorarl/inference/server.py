@@ -17,6 +17,9 @@ from lorarl.host_memory import malloc_tunables
 from lorarl.inference.cpu_cores import pinned, worker_cores
 from lorarl.variants import variant_configs
 
+# The run folder's copy of a quantized base (quantized_base.py, which imports torch: not here).
+SERVED_BASE = "served_base"
+
 # vLLM worker extensions, imported by the worker processes only (they import vLLM): full fine-tuning's,
 # and LoRA ops on a CPU whose cost does not follow --max-lora-rank (cpu_lora.py).
 WEIGHT_RELOAD_EXTENSION = "lorarl.inference.weight_reload.WeightReload"
@@ -108,8 +111,7 @@ def vllm_command(
         sys.executable,
         "-m",
         "vllm.entrypoints.openai.api_server",
-        "--model",
-        cfg.model.name,
+        *model_args(cfg),
         "--dtype",
         cfg.model.dtype,
         "--max-model-len",
@@ -133,6 +135,15 @@ def vllm_command(
         *inf.extra_args,
     ]
     return pinned(cmd, worker_cores(cfg, worker)) if gpus == 0 else cmd
+
+
+def model_args(cfg: WorkersConfig) -> list[str]:
+    """The model vLLM loads: model.name, or with model.quantization the base as the trainer sees it
+    (the run folder's served_base/, quantized_base.py), served under model.name with its tokenizer."""
+    if cfg.model.quantization == "none":
+        return ["--model", cfg.model.name]
+    served = str(cfg.run_dir / SERVED_BASE)
+    return ["--model", served, "--served-model-name", cfg.model.name, "--tokenizer", cfg.model.name]
 
 
 def lora_args(adapters: Adapters, gpus: int, with_slots: bool = True) -> list[str]:

@@ -9,9 +9,10 @@ and the adapter's counted the same way after PEFT wraps it. docs/memory_plan.md 
 their validation against measured peaks, and the plan of every configs/gpu recipe.
 
 The trainer (per rank): the weights (split over the ranks with parallel.fsdp, plus the layer being
-gathered), the trained parameters' gradients and AdamW state (a LoRA adapter in float32, or every
-weight), the activations of one forward pass of micro_batch_size x seq_len tokens (every layer's,
-or with gradient checkpointing each layer's input plus one layer's), the output head's float32
+gathered; with model.quantization in NF4, plus the buffers each layer is dequantized into), the
+trained parameters' gradients and AdamW state (a LoRA adapter in float32, or every weight), the
+activations of one forward pass of micro_batch_size x seq_len tokens (every layer's, or with
+gradient checkpointing each layer's input plus one layer's), the output head's float32
 logits (a few [logits_chunk_size, vocab] tensors, or [tokens, vocab] with chunking off), the packed
 rows' attention mask, and a fixed runtime overhead (the CUDA context). A vLLM worker (per GPU):
 its share of the weights and of the LoRA slots, a fixed allowance for activations and CUDA graphs,
@@ -61,6 +62,10 @@ VLLM_OVERHEAD_GIB = 2.5
 # On a CPU the RAM plan is refused only when this fraction of it (the estimate's low end) does not fit.
 CPU_REFUSE_FRACTION = 0.75
 DEFAULT_DEVICE_GIB = 80.0
+# A base in NF4 (model.quantization), per parameter: half a byte, a uint8 scale per 64 and a float32 one
+# per 16,384 (double quantization), float32 scales per 64 for the embeddings; measured 0.528 at
+# Qwen3-0.6B's shape (scripts/benchmark_qlora.py), where the embeddings are a quarter of the weights.
+NF4_BYTES_PER_PARAMETER = 0.53
 # The attention implementations that get a dense [rows, 1, L, L] mask for packed rows (packing.py);
 # packed_sdpa, FlexAttention and flash attention need none.
 DENSE_MASK = ("sdpa", "eager")
@@ -263,13 +268,14 @@ class TrainerWork:
     dense_mask: str | None  # the attention implementation where packed rows get a dense mask (DENSE_MASK)
     shards: int = 1  # ranks the weights are split over (parallel.fsdp)
     runtime_gib: float = CUDA_RUNTIME_GIB
+    quantized: bool = False  # model.quantization: a 4-bit base, dequantized a layer at a time
 
 
 def trainer_parts(shape: ModelShape, work: TrainerWork) -> list[Part]:
     """The peak of one trainer rank: what it always holds, plus the larger of a forward/backward pass
     and the optimizer step's temporaries."""
     b = work.dtype_bytes
-    weights = shape.parameters * b / work.shards
+    weights = shape.parameters * (NF4_BYTES_PER_PARAMETER if work.quantized else b) / work.shards
     if work.shards > 1:
         weights += shape.layer_parameters * b  # the layer FSDP has gathered
     if work.adapter is None:  # gradients and AdamW's two moments, in the weights' dtype
@@ -280,8 +286,10 @@ def trainer_parts(shape: ModelShape, work: TrainerWork) -> list[Part]:
         trained_what = "adapter+grads+AdamW"
     activations, logits, mask = activation_bytes(shape, work), logits_bytes(shape, work), mask_bytes(shape, work)
     passing = activations + logits + mask
-    parts = [
-        Part("weights", weights / GIB),
+    parts = [Part("weights (nf4)" if work.quantized else "weights", weights / GIB)]
+    if work.quantized:
+        parts.append(Part("dequantized", dequantized_bytes(shape, b) / GIB))
+    parts += [
         Part(trained_what, trained / GIB),
         Part("activations" + (" (checkpointed)" if work.gradient_checkpointing else ""), activations / GIB),
         Part(f"logits ({_chunks(work.logits_chunk)})", logits / GIB),
@@ -293,6 +301,12 @@ def trainer_parts(shape: ModelShape, work: TrainerWork) -> list[Part]:
     if work.runtime_gib:
         parts.append(Part("runtime", work.runtime_gib))
     return parts
+
+
+def dequantized_bytes(shape: ModelShape, dtype_bytes: int) -> int:
+    """A 4-bit base's dequantization buffers: its largest matrix (the output head, or an MLP projection)
+    in the weights' dtype, twice (the forward pass's copy and the backward pass's, which overlap)."""
+    return 2 * max(shape.vocab * shape.hidden, shape.hidden * shape.intermediate) * dtype_bytes
 
 
 def _chunks(chunk: int) -> str:
@@ -508,6 +522,7 @@ def _trainer_work(
         dense_mask=attention if packing and attention in DENSE_MASK else None,
         shards=shards,
         runtime_gib=CUDA_RUNTIME_GIB if on_gpu else 0.0,
+        quantized=cfg.model.quantization != "none",
     )
 
 

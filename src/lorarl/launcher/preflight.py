@@ -317,6 +317,23 @@ def _json_object(file: Path, key: str) -> dict[str, Any]:
         raise PreflightError(str(e)) from None
 
 
+def check_quantization_here(model: ModelConfig, on_gpu: bool) -> None:
+    """model.quantization is one that bitsandbytes can do here: quantize on the CPU (always, for the same
+    bytes on every device) and dequantize on the trainer's GPU where this machine has one."""
+    if model.quantization == "none":
+        return
+    import torch
+
+    from lorarl.quantized_base import check_quantization
+
+    devices = ["cpu", *(["cuda"] if on_gpu and torch.cuda.is_available() else [])]
+    try:
+        for device in devices:
+            check_quantization(model, torch.device(device))
+    except ValueError as e:
+        raise PreflightError(str(e)) from None
+
+
 def check_model_loads(model: ModelConfig, on_gpu: bool) -> None:
     """What loading the model (and its init adapter) would find, on the meta device: an attention
     implementation the trainer can use here (`on_gpu`: on GPUs), weights of the shapes config.json
@@ -327,6 +344,7 @@ def check_model_loads(model: ModelConfig, on_gpu: bool) -> None:
             f"model.attn_implementation = {attn!r} trains on GPUs only, and the trainer runs on the CPU here: "
             "use 'packed_sdpa'"
         )
+    check_quantization_here(model, on_gpu)
     found = model_config(model.name)
     if found is None:  # a hub model out of reach: the memory plan says so
         return

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import resource
 import sys
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import peft
 import torch
@@ -17,12 +18,16 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from lorarl.config.loader import json_object
 from lorarl.config.model import LoraConfig, ModelConfig
 from lorarl.model_shapes import FUSED_EXPERT_LORA
+from lorarl.quantized_base import BASE_NOTE, load_quantized
 from lorarl.trainer import attention  # noqa: F401  (registers "packed_sdpa" with transformers)
 
 TrainedModel = PreTrainedModel | peft.PeftModel  # every weight trained, or a LoRA adapter on a frozen base
 
 
 def load_model(cfg: ModelConfig) -> PreTrainedModel:
+    """The base model in model.dtype, or with model.quantization its 4-bit base (quantized_base.py)."""
+    if cfg.quantization != "none":
+        return cast(PreTrainedModel, load_quantized(cfg))
     model = AutoModelForCausalLM.from_pretrained(
         cfg.name, dtype=getattr(torch, cfg.dtype), attn_implementation=cfg.attn_implementation
     )
@@ -121,11 +126,20 @@ def save_adapter(model: peft.PeftModel, folder: Path, state_dict: dict[str, torc
     not named "default" (a [[variants]] adapter) one folder down, under its name: moved up here."""
     name = model.active_adapter
     model.save_pretrained(str(folder), selected_adapters=[name], state_dict=state_dict)
+    note_quantized_base(model, folder)
     if name != "default":
         nested = folder / name
         for entry in nested.iterdir():
             entry.replace(folder / entry.name)
         nested.rmdir()
+
+
+def note_quantized_base(model: TrainedModel, folder: Path) -> None:
+    """Beside an adapter trained on a 4-bit base, BASE_NOTE saying so, for lorarl-merge to tell."""
+    quantization = getattr(model.config, "quantization_config", None)
+    if quantization is not None:
+        note = {"quantization": "nf4", "quant_method": str(getattr(quantization, "quant_method", "bitsandbytes"))}
+        (folder / BASE_NOTE).write_text(json.dumps(note) + "\n")
 
 
 def fused_expert_parameters(model: peft.PeftModel) -> list[str]:

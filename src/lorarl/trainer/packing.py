@@ -133,12 +133,14 @@ class PackedBatch:
     def forward_inputs(self, model: torch.nn.Module) -> dict[str, Any]:
         """Keyword arguments of `model(...)`, on the model's device."""
         hf_model = cast(PreTrainedModel, model)  # a transformers or PEFT model
-        weight = cast(torch.nn.Embedding, hf_model.get_input_embeddings()).weight
-        device = weight.device
+        embeddings = cast(torch.nn.Embedding, hf_model.get_input_embeddings())
+        device = embeddings.weight.device
+        # A 4-bit embedding (model.quantization) stores bytes and outputs its `dtype`.
+        dtype = getattr(embeddings, "dtype", embeddings.weight.dtype)
         return {
             "input_ids": self.input_ids.to(device),
             "position_ids": self.position_ids.to(device),
-            **self.attention_inputs(hf_model.config._attn_implementation, weight.dtype, device),
+            **self.attention_inputs(hf_model.config._attn_implementation, dtype, device),
             # A cache would switch off transformers' packed-sequence handling (and is useless in training).
             "use_cache": False,
         }

@@ -33,7 +33,7 @@ from lorarl.trainer.checkpoint import save_checkpoint
 from lorarl.trainer.distributed import DataParallel
 from lorarl.trainer.fsdp import gathered_weights
 from lorarl.trainer.loss import token_logprobs
-from lorarl.trainer.model import TrainedModel, apply_lora, load_model
+from lorarl.trainer.model import TrainedModel, apply_lora, load_model, note_quantized_base
 from lorarl.trainer.packing import ForwardPasses, PackedBatch
 from lorarl.trainer.sft_data import DataOrder, load_sft_data
 from lorarl.trainer.skeleton import PassLoss, Trainer, forward_backward_step, rank_passes
@@ -120,6 +120,7 @@ def train(cfg: SFTConfig) -> Path:
     weights = gathered_weights(model)  # None unless sharded
     if dp.is_main:
         model.save_pretrained(str(final), state_dict=weights)
+        note_quantized_base(model, final)
         tokenizer.save_pretrained(final)
         record_written(*(p for p in final.rglob("*") if p.is_file()))  # prepare() left no file of a user's here
         log.info("wrote %s", final)

@@ -1,0 +1,112 @@
+"""The trainer's base with and without model.quantization = "nf4", at Qwen3-0.6B's shape (random weights).
+
+For each (dtype, quantization), in a process of its own: the bytes of the base the trainer holds (every
+weight and 4-bit scale, a tied weight once), the process's resident memory after loading it, and, with a
+LoRA adapter of rank 8 on the 7 projections, the peak resident memory and the time of one forward and
+backward pass over one row of --tokens tokens (the fastest of --steps; the machine is shared).
+
+    python -m lorarl.tiny_model outputs/models/qwen3-0.6b-random --shape Qwen/Qwen3-0.6B
+    flock /tmp/lorarl-heavy.lock .venv/bin/python scripts/benchmark_qlora.py outputs/models/qwen3-0.6b-random
+
+Table and figures: docs/qlora.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROWS = (("float32", "none"), ("float32", "nf4"), ("bfloat16", "none"), ("bfloat16", "nf4"))
+
+
+def resident_base_bytes(model: object) -> int:
+    """Bytes of every weight and 4-bit scale of `model` (a tied weight once)."""
+    import torch
+
+    assert isinstance(model, torch.nn.Module)
+    total, seen = 0, set()
+    for p in model.parameters():
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        total += p.numel() * p.element_size()
+        state = getattr(p, "quant_state", None)
+        if state is not None:
+            extra = (state.state2.absmax, state.offset) if state.nested else ()
+            total += sum(t.numel() * t.element_size() for t in (state.absmax, *extra))
+    return total
+
+
+def rss_gib() -> float:
+    import psutil
+
+    return psutil.Process().memory_info().rss / 2**30
+
+
+def measure(model_dir: str, dtype: str, quantization: str, tokens: int, steps: int) -> dict[str, object]:
+    """One row of the table, in this process."""
+    import torch
+
+    from lorarl.config.model import LoraConfig, ModelConfig
+    from lorarl.trainer.model import apply_lora, load_model
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(name=model_dir, dtype=dtype, quantization=quantization, lora=LoraConfig(rank=8))  # type: ignore[arg-type]
+    before = rss_gib()
+    start = time.perf_counter()
+    base = load_model(cfg)
+    load_s = time.perf_counter() - start
+    row: dict[str, object] = {"dtype": dtype, "quantization": quantization, "load_s": round(load_s, 1)}
+    row["base_gib"] = resident_base_bytes(base) / 2**30
+    row["rss_after_load_gib"] = rss_gib() - before
+    model = apply_lora(base, cfg.lora)  # type: ignore[arg-type]
+    model.train()
+    ids = torch.randint(0, 259, (1, tokens))
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        model(ids, labels=ids).loss.backward()
+        times.append(time.perf_counter() - start)
+    row["step_s"] = round(min(times), 2)
+    row["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model", help="a model folder (lorarl.tiny_model --shape Qwen/Qwen3-0.6B)")
+    parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--one", nargs=2, metavar=("DTYPE", "QUANTIZATION"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        dtype, quantization = args.one
+        print(json.dumps(measure(args.model, dtype, quantization, args.tokens, args.steps)))
+        return
+    rows = []
+    for dtype, quantization in ROWS:
+        flags = [str(Path(args.model)), "--tokens", str(args.tokens), "--steps", str(args.steps)]
+        out = subprocess.run(
+            [sys.executable, __file__, *flags, "--one", dtype, quantization], capture_output=True, text=True, check=True
+        )
+        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    print("| dtype | quantization | base held (GiB) | vs the same dtype unquantized | RSS after load (GiB) "
+          "| peak RSS (GiB) | fwd+bwd step (s) |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
+    for row in rows:
+        plain = next(r for r in rows if r["dtype"] == row["dtype"] and r["quantization"] == "none")
+        ratio = float(row["base_gib"]) / float(plain["base_gib"])  # type: ignore[arg-type]
+        print(
+            f"| {row['dtype']} | {row['quantization']} | {row['base_gib']:.3f} | {ratio:.2f}x "
+            f"| {row['rss_after_load_gib']:.2f} | {row['peak_rss_gib']:.2f} | {row['step_s']} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
