@@ -149,6 +149,8 @@ class RunFolder:
 
     def checkpoint_problem(self, step: int, checksums: bool = True) -> str | None:
         """Why the checkpoint of `step` cannot be resumed from (a few words naming the file), or None."""
+        if not self.checkpoint(step).is_dir():
+            return f"{self.checkpoint(step)} is missing"
         halves = [p for p in self.checkpoint(step).iterdir() if p.is_dir() and not p.name.startswith(".")]
         if self.trainer_checkpoint(step) not in halves:
             return "it has no trainer half"
@@ -172,20 +174,25 @@ class RunFolder:
         views = [self.for_variant(v) for v in variants] or [self]
         return sorted(set.intersection(*(set(view.checkpoint_steps()) for view in views)))
 
-    def resume_step(self, step: int | None, variants: Sequence[str] = ()) -> int:
+    def resume_step(self, step: int | None, variants: Sequence[str] = (), quiet: bool = False) -> int:
         """The step a run resumes from: `step`, or when None the latest checkpoint that is whole (every
-        file at its size and SHA-256; with `variants`, for each of them). Each newer one skipped is
-        logged with the file at fault, and the step chosen too."""
+        file at its size and SHA-256; with `variants`, for each of them). Unless `quiet` (a check before
+        the process that resumes says it), each newer one skipped is logged with why (the half or file
+        at fault), and the step chosen too."""
         views = [self.for_variant(v) for v in variants] or [self]
         steps = self.sweep_checkpoint_steps(variants)
-        for candidate in reversed(steps if step is None else [s for s in steps if s == step]):
+        # Every step folder, whole or not, so that each newer one passed over is named with its reason.
+        found = sorted(set().union(*(step_folders(view._steps("checkpoints")) for view in views)))
+        for candidate in reversed(found if step is None else [s for s in found if s == step]):
             problem = next(filter(None, (view.checkpoint_problem(candidate) for view in views)), None)
             if problem is None:
-                log.info("resuming from checkpoint step %d in %s", candidate, self.root)
+                if not quiet:
+                    log.info("resuming from checkpoint step %d in %s", candidate, self.root)
                 return candidate
             if step is not None:
                 raise RunFolderError(f"--resume.step {step}: its checkpoint is damaged: {problem}")
-            log.warning("skipping checkpoint step %d: %s", candidate, problem)
+            if not quiet:
+                log.warning("skipping checkpoint step %d: %s", candidate, problem)
         if step is None:
             raise RunFolderError(f"--resume: no complete checkpoint in {self.root}")
         raise RunFolderError(f"--resume.step {step}: no complete checkpoint of that step in {self.root} ({steps})")

@@ -291,3 +291,18 @@ def test_a_link_put_in_place_of_lorarls_folder_leads_nowhere(tmp_path: Path) -> 
     run.remove_checkpoint(2)
     run.clear_regenerated()
     assert sorted(p.name for p in user.iterdir()) == ["MANIFEST.json", "state.json", "step_1.jsonl"]
+
+
+def test_every_newer_checkpoint_passed_over_is_named_with_why(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """An incomplete one (only the orchestrator's half: the trainer died before writing its own)
+    is named as a damaged one is; a check made before the resuming process says it is silent."""
+    run = RunFolder(tmp_path)
+    run.write_checkpoint_half(2, "trainer", lambda d: (d / "optimizer.pt").write_bytes(b"state"))
+    run.write_checkpoint_half(3, "orchestrator", lambda d: (d / "sampler.json").write_text("{}"))
+    with caplog.at_level("INFO", logger="lorarl.run_folder"):
+        assert run.resume_step(None, quiet=True) == 2
+    assert caplog.text == ""
+    with caplog.at_level("INFO", logger="lorarl.run_folder"):
+        assert run.resume_step(None) == 2
+    assert "skipping checkpoint step 3: it has no trainer half" in caplog.text
+    assert "resuming from checkpoint step 2" in caplog.text

@@ -57,8 +57,8 @@ def prepare(cfg: SFTConfig, mode: RunMode) -> None:
     run = RunFolder(cfg.run_dir)
     try:
         check_sft(cfg, mode)
-        if cfg.resume is not None:
-            run.resume_step(cfg.resume.step)
+        if cfg.resume is not None:  # found now, said by the trainer (in this process) as it resumes
+            run.resume_step(cfg.resume.step, quiet=True)
         resume = cfg.resume is not None
         log.info(run.prepare("sft", cfg.model_dump(mode="json"), resume, mode.overwrite, dry_run=mode.dry_run))
         if not mode.dry_run:
