@@ -50,6 +50,7 @@ from lorarl.written import (
     written_files,
 )
 
+_INTERRUPTED = re.compile(r"^\..+\.tmp-\d+$")  # written.TEMPORARY's half-written folders, not those moved aside
 log = logging.getLogger("lorarl.run_folder")
 MARKER = "run.json"
 METRICS = "metrics.jsonl"
@@ -164,7 +165,9 @@ class RunFolder:
         return dest
 
     def remove_checkpoint(self, step: int) -> None:
-        """Delete the checkpoint of `step`: the files lorarl wrote in it (a user's stay)."""
+        """Delete the checkpoint of `step`: the files lorarl wrote in it (a user's stay), and what
+        interrupted writes of its halves left there (no writer is left in a checkpoint this old)."""
+        remove_interrupted_writes(self.checkpoint(step))
         for half in (p for p in self.checkpoint(step).iterdir() if p.is_dir()):
             remove_folder(half, self.root)
 
@@ -245,6 +248,8 @@ class RunFolder:
                 self._make_root()
                 self._write_marker(kind, config, None, dry_run=True)
             return f"dry run: {self.root} checked, nothing cleared"
+        if marker is not None:  # the folder is locked (is_alive above): no write of the run is under way
+            self._remove_interrupted_checkpoint_writes()
         if resume:
             self.clear_regenerated()
             self._rotate_logs()
@@ -258,6 +263,16 @@ class RunFolder:
         forget_missing(self.root)
         self._write_marker(kind, config, previous if resume else None)
         return done
+
+    def _remove_interrupted_checkpoint_writes(self) -> None:
+        """What checkpoint writes cut short (a kill, a full disk) left anywhere under checkpoints/,
+        a variant's included; links are not followed."""
+        checkpoints = self.root / "checkpoints"
+        if checkpoints.is_symlink():
+            return
+        for here, dirs, _ in os.walk(checkpoints):
+            remove_interrupted_writes(Path(here))
+            dirs[:] = [d for d in dirs if not _INTERRUPTED.match(d)]
 
     def _check_path(self) -> None:
         """The run folder can be made and written (the rest, e.g. a file system that refuses even root,
@@ -355,6 +370,19 @@ class RunFolder:
             for old in logs:
                 old.rename(kept / old.name)
             record(self.root, [kept / old.name for old in logs])
+
+
+def remove_interrupted_writes(folder: Path) -> None:
+    """Delete the temporary folders in `folder` that writes cut short left (`.trainer.tmp-1234`:
+    write_folder_atomically's, lorarl's by name, in a folder of lorarl's run; never read). Only
+    while no write can be under way: at a start, or in a checkpoint being pruned. A folder moved
+    aside (`.old-`) stays: it may be the only whole copy."""
+    if folder.is_symlink() or not folder.is_dir():
+        return
+    for entry in folder.iterdir():
+        if _INTERRUPTED.match(entry.name) and entry.is_dir() and not entry.is_symlink():
+            log.info("removing %s, left by a write that was cut short", entry)
+            shutil.rmtree(entry)
 
 
 def step_folders(parent: Path) -> list[int]:

@@ -306,3 +306,24 @@ def test_every_newer_checkpoint_passed_over_is_named_with_why(tmp_path: Path, ca
         assert run.resume_step(None) == 2
     assert "skipping checkpoint step 3: it has no trainer half" in caplog.text
     assert "resuming from checkpoint step 2" in caplog.text
+
+
+def test_interrupted_checkpoint_writes_are_removed_at_the_next_start_and_by_pruning(tmp_path: Path) -> None:
+    """A `.trainer.tmp-<pid>` a kill or a full disk left in a checkpoint goes at --resume and when
+    keep_last prunes its checkpoint; a folder moved aside (maybe the only whole copy) stays."""
+    run = RunFolder(tmp_path / "run")
+    run.prepare("rl", {}, resume=False, overwrite=False)
+    for step in (1, 2):
+        run.write_checkpoint_half(step, "trainer", lambda d: (d / "state.json").write_text("{}"))
+    for step in (1, 2, 3):
+        (run.checkpoint(step) / f".trainer.tmp-{1000 + step}").mkdir(parents=True)
+        (run.checkpoint(step) / f".trainer.tmp-{1000 + step}" / "optimizer.pt").write_bytes(b"half")
+    (run.checkpoint(2) / ".trainer.old-77").mkdir()
+    run.remove_checkpoint(1)
+    assert not (run.checkpoint(1) / ".trainer.tmp-1001").exists() and not run.checkpoint(1).exists()
+    assert (run.checkpoint(2) / ".trainer.tmp-1002").exists()  # not pruned, not a start: a write may be under way
+    run.prepare("rl", {}, resume=True, overwrite=False)
+    assert not (run.checkpoint(2) / ".trainer.tmp-1002").exists()
+    assert not (run.checkpoint(3) / ".trainer.tmp-1003").exists()
+    assert (run.checkpoint(2) / ".trainer.old-77").is_dir()
+    assert run.resume_step(None) == 2
