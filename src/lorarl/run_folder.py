@@ -249,7 +249,7 @@ class RunFolder:
                 self._write_marker(kind, config, None, dry_run=True)
             return f"dry run: {self.root} checked, nothing cleared"
         if marker is not None:  # the folder is locked (is_alive above): no write of the run is under way
-            self._remove_interrupted_checkpoint_writes()
+            self.remove_interrupted_checkpoint_writes()
         if resume:
             self.clear_regenerated()
             self._rotate_logs()
@@ -264,9 +264,9 @@ class RunFolder:
         self._write_marker(kind, config, previous if resume else None)
         return done
 
-    def _remove_interrupted_checkpoint_writes(self) -> None:
+    def remove_interrupted_checkpoint_writes(self) -> None:
         """What checkpoint writes cut short (a kill, a full disk) left anywhere under checkpoints/,
-        a variant's included; links are not followed."""
+        a variant's included; links are not followed. Only while no process of the run writes."""
         checkpoints = self.root / "checkpoints"
         if checkpoints.is_symlink():
             return
