@@ -23,6 +23,7 @@ mislead the run (a stale batch or checkpoint among lorarl's), the run is refused
 from __future__ import annotations
 
 import datetime
+import errno
 import fcntl
 import hashlib
 import json
@@ -86,6 +87,10 @@ _READ = (*_REGENERATED, "checkpoints", "final", METRICS, *SERVE_OUTPUTS)
 
 class RunFolderError(Exception):
     """The run folder cannot be used as asked; str() is one line for the user."""
+
+
+class DiskFull(OSError):
+    """A write found no space left: str() is one line naming the folder and its free space."""
 
 
 class RunFolder:
@@ -426,8 +431,14 @@ def write_folder_atomically(
     tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)  # this process's own temporary, left by a crash
     tmp.mkdir(parents=True)
-    write(tmp)
-    write_manifest(tmp, checksums)
+    try:
+        write(tmp)
+        write_manifest(tmp, checksums)
+    except Exception as e:  # nothing half-written stays behind; a full disk is said in one line
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise DiskFull(e.errno, _no_space(dest)) from e
+        raise
     kept = _users_files(dest, tmp)
     _fsync_tree(tmp)
     old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
@@ -445,6 +456,15 @@ def write_folder_atomically(
         remove_folder(old)
     if (root := record_root(dest.parent)) is not None:
         record(root, [dest])
+
+
+def _no_space(dest: Path) -> str:
+    """The one line for a write of `dest` that the disk had no room for (its partial write removed)."""
+    free = shutil.disk_usage(dest.parent).free
+    return (
+        f"no space left on the device of {dest.parent} ({free / 2**20:.1f} MiB free) to write {dest.name}; "
+        "its partial write was removed: free space there (or lower trainer.ckpt.keep_last) and resume"
+    )
 
 
 def _users_files(dest: Path, new: Path) -> list[Path]:

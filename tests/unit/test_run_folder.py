@@ -1,3 +1,4 @@
+import errno
 import json
 import random
 import subprocess
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lorarl.run_folder import RunFolder, RunFolderError, write_folder_atomically
+from lorarl.run_folder import DiskFull, RunFolder, RunFolderError, write_folder_atomically
 from lorarl.written import RECORD, record_written, recorded, written_files
 
 
@@ -327,3 +328,21 @@ def test_interrupted_checkpoint_writes_are_removed_at_the_next_start_and_by_prun
     assert not (run.checkpoint(3) / ".trainer.tmp-1003").exists()
     assert (run.checkpoint(2) / ".trainer.old-77").is_dir()
     assert run.resume_step(None) == 2
+
+
+def test_a_full_disk_is_one_line_naming_the_folder_and_its_free_space_and_leaves_no_partial_write(
+    tmp_path: Path,
+) -> None:
+    def fills_the_disk(folder: Path) -> None:
+        (folder / "optimizer.pt").write_bytes(b"half of it")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    run = RunFolder(tmp_path)
+    with pytest.raises(DiskFull) as full:
+        run.write_checkpoint_half(3, "trainer", fills_the_disk)
+    message = str(full.value)
+    assert (
+        f"no space left on the device of {run.checkpoint(3)} (" in message and "MiB free) to write trainer" in message
+    )
+    assert "\n" not in message
+    assert list(run.checkpoint(3).iterdir()) == []  # the partial write removed
