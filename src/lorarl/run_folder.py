@@ -24,6 +24,7 @@ mislead the run (a stale batch or checkpoint among lorarl's), the run is refused
 from __future__ import annotations
 
 import datetime
+import errno
 import fcntl
 import hashlib
 import json
@@ -51,6 +52,7 @@ from lorarl.written import (
     written_files,
 )
 
+_INTERRUPTED = re.compile(r"^\..+\.tmp-\d+$")  # written.TEMPORARY's half-written folders, not those moved aside
 log = logging.getLogger("lorarl.run_folder")
 MARKER = "run.json"
 METRICS = "metrics.jsonl"
@@ -87,6 +89,10 @@ _READ = (*_REGENERATED, "checkpoints", "final", METRICS, *SERVE_OUTPUTS)
 
 class RunFolderError(Exception):
     """The run folder cannot be used as asked; str() is one line for the user."""
+
+
+class DiskFull(OSError):
+    """A write found no space left: str() is one line naming the folder and its free space."""
 
 
 class RunFolder:
@@ -151,6 +157,8 @@ class RunFolder:
 
     def checkpoint_problem(self, step: int, checksums: bool = True) -> str | None:
         """Why the checkpoint of `step` cannot be resumed from (a few words naming the file), or None."""
+        if not self.checkpoint(step).is_dir():
+            return f"{self.checkpoint(step)} is missing"
         halves = [p for p in self.checkpoint(step).iterdir() if p.is_dir() and not p.name.startswith(".")]
         if self.trainer_checkpoint(step) not in halves:
             return "it has no trainer half"
@@ -164,7 +172,9 @@ class RunFolder:
         return dest
 
     def remove_checkpoint(self, step: int) -> None:
-        """Delete the checkpoint of `step`: the files lorarl wrote in it (a user's stay)."""
+        """Delete the checkpoint of `step`: the files lorarl wrote in it (a user's stay), and what
+        interrupted writes of its halves left there (no writer is left in a checkpoint this old)."""
+        remove_interrupted_writes(self.checkpoint(step))
         for half in (p for p in self.checkpoint(step).iterdir() if p.is_dir()):
             remove_folder(half, self.root)
 
@@ -174,20 +184,25 @@ class RunFolder:
         views = [self.for_variant(v) for v in variants] or [self]
         return sorted(set.intersection(*(set(view.checkpoint_steps()) for view in views)))
 
-    def resume_step(self, step: int | None, variants: Sequence[str] = ()) -> int:
+    def resume_step(self, step: int | None, variants: Sequence[str] = (), quiet: bool = False) -> int:
         """The step a run resumes from: `step`, or when None the latest checkpoint that is whole (every
-        file at its size and SHA-256; with `variants`, for each of them). Each newer one skipped is
-        logged with the file at fault, and the step chosen too."""
+        file at its size and SHA-256; with `variants`, for each of them). Unless `quiet` (a check before
+        the process that resumes says it), each newer one skipped is logged with why (the half or file
+        at fault), and the step chosen too."""
         views = [self.for_variant(v) for v in variants] or [self]
         steps = self.sweep_checkpoint_steps(variants)
-        for candidate in reversed(steps if step is None else [s for s in steps if s == step]):
+        # Every step folder, whole or not, so that each newer one passed over is named with its reason.
+        found = sorted(set().union(*(step_folders(view._steps("checkpoints")) for view in views)))
+        for candidate in reversed(found if step is None else [s for s in found if s == step]):
             problem = next(filter(None, (view.checkpoint_problem(candidate) for view in views)), None)
             if problem is None:
-                log.info("resuming from checkpoint step %d in %s", candidate, self.root)
+                if not quiet:
+                    log.info("resuming from checkpoint step %d in %s", candidate, self.root)
                 return candidate
             if step is not None:
                 raise RunFolderError(f"--resume.step {step}: its checkpoint is damaged: {problem}")
-            log.warning("skipping checkpoint step %d: %s", candidate, problem)
+            if not quiet:
+                log.warning("skipping checkpoint step %d: %s", candidate, problem)
         if step is None:
             raise RunFolderError(f"--resume: no complete checkpoint in {self.root}")
         raise RunFolderError(f"--resume.step {step}: no complete checkpoint of that step in {self.root} ({steps})")
@@ -240,6 +255,8 @@ class RunFolder:
                 self._make_root()
                 self._write_marker(kind, config, None, dry_run=True)
             return f"dry run: {self.root} checked, nothing cleared"
+        if marker is not None:  # the folder is locked (is_alive above): no write of the run is under way
+            self.remove_interrupted_checkpoint_writes()
         if resume:
             self.clear_regenerated()
             self._rotate_logs()
@@ -253,6 +270,16 @@ class RunFolder:
         forget_missing(self.root)
         self._write_marker(kind, config, previous if resume else None)
         return done
+
+    def remove_interrupted_checkpoint_writes(self) -> None:
+        """What checkpoint writes cut short (a kill, a full disk) left anywhere under checkpoints/,
+        a variant's included; links are not followed. Only while no process of the run writes."""
+        checkpoints = self.root / "checkpoints"
+        if checkpoints.is_symlink():
+            return
+        for here, dirs, _ in os.walk(checkpoints):
+            remove_interrupted_writes(Path(here))
+            dirs[:] = [d for d in dirs if not _INTERRUPTED.match(d)]
 
     def _check_path(self) -> None:
         """The run folder can be made and written (the rest, e.g. a file system that refuses even root,
@@ -352,6 +379,19 @@ class RunFolder:
             record(self.root, [kept / old.name for old in logs])
 
 
+def remove_interrupted_writes(folder: Path) -> None:
+    """Delete the temporary folders in `folder` that writes cut short left (`.trainer.tmp-1234`:
+    write_folder_atomically's, lorarl's by name, in a folder of lorarl's run; never read). Only
+    while no write can be under way: at a start, or in a checkpoint being pruned. A folder moved
+    aside (`.old-`) stays: it may be the only whole copy."""
+    if folder.is_symlink() or not folder.is_dir():
+        return
+    for entry in folder.iterdir():
+        if _INTERRUPTED.match(entry.name) and entry.is_dir() and not entry.is_symlink():
+            log.info("removing %s, left by a write that was cut short", entry)
+            shutil.rmtree(entry)
+
+
 def step_folders(parent: Path) -> list[int]:
     """The N of every `step_N` entry in `parent` (none if it does not exist)."""
     if not parent.is_dir():
@@ -393,8 +433,14 @@ def write_folder_atomically(
     tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)  # this process's own temporary, left by a crash
     tmp.mkdir(parents=True)
-    write(tmp)
-    write_manifest(tmp, checksums)
+    try:
+        write(tmp)
+        write_manifest(tmp, checksums)
+    except Exception as e:  # nothing half-written stays behind; a full disk is said in one line
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise DiskFull(e.errno, _no_space(dest)) from e
+        raise
     kept = _users_files(dest, tmp)
     _fsync_tree(tmp)
     old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
@@ -412,6 +458,15 @@ def write_folder_atomically(
         remove_folder(old)
     if (root := record_root(dest.parent)) is not None:
         record(root, [dest])
+
+
+def _no_space(dest: Path) -> str:
+    """The one line for a write of `dest` that the disk had no room for (its partial write removed)."""
+    free = shutil.disk_usage(dest.parent).free
+    return (
+        f"no space left on the device of {dest.parent} ({free / 2**20:.1f} MiB free) to write {dest.name}; "
+        "its partial write was removed: free space there (or lower trainer.ckpt.keep_last) and resume"
+    )
 
 
 def _users_files(dest: Path, new: Path) -> list[Path]:

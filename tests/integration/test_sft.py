@@ -77,6 +77,7 @@ def test_eval_checkpoints_and_resume_from_the_command_line(tiny_model: Path, tmp
     again = run_sft(tiny_model, tmp_path, data, *flags, "--resume", "--max_steps", "30")
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"resumed from {checkpoints / 'step_20' / 'trainer'}" in again.stderr
+    assert again.stderr.count("resuming from checkpoint step 20") == 1  # said once, not by the check before too
     rows = [json.loads(line) for line in (tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [5, 10, 15, 20, 25, 30]
     assert [r["step"] for r in rows if "eval/loss" in r] == [10, 20, 30]

@@ -1,3 +1,4 @@
+import errno
 import json
 import random
 import subprocess
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lorarl.run_folder import RunFolder, RunFolderError, write_folder_atomically
+from lorarl.run_folder import DiskFull, RunFolder, RunFolderError, write_folder_atomically
 from lorarl.written import RECORD, record_written, recorded, written_files
 
 
@@ -291,3 +292,57 @@ def test_a_link_put_in_place_of_lorarls_folder_leads_nowhere(tmp_path: Path) -> 
     run.remove_checkpoint(2)
     run.clear_regenerated()
     assert sorted(p.name for p in user.iterdir()) == ["MANIFEST.json", "state.json", "step_1.jsonl"]
+
+
+def test_every_newer_checkpoint_passed_over_is_named_with_why(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """An incomplete one (only the orchestrator's half: the trainer died before writing its own)
+    is named as a damaged one is; a check made before the resuming process says it is silent."""
+    run = RunFolder(tmp_path)
+    run.write_checkpoint_half(2, "trainer", lambda d: (d / "optimizer.pt").write_bytes(b"state"))
+    run.write_checkpoint_half(3, "orchestrator", lambda d: (d / "sampler.json").write_text("{}"))
+    with caplog.at_level("INFO", logger="lorarl.run_folder"):
+        assert run.resume_step(None, quiet=True) == 2
+    assert caplog.text == ""
+    with caplog.at_level("INFO", logger="lorarl.run_folder"):
+        assert run.resume_step(None) == 2
+    assert "skipping checkpoint step 3: it has no trainer half" in caplog.text
+    assert "resuming from checkpoint step 2" in caplog.text
+
+
+def test_interrupted_checkpoint_writes_are_removed_at_the_next_start_and_by_pruning(tmp_path: Path) -> None:
+    """A `.trainer.tmp-<pid>` a kill or a full disk left in a checkpoint goes at --resume and when
+    keep_last prunes its checkpoint; a folder moved aside (maybe the only whole copy) stays."""
+    run = RunFolder(tmp_path / "run")
+    run.prepare("rl", {}, resume=False, overwrite=False)
+    for step in (1, 2):
+        run.write_checkpoint_half(step, "trainer", lambda d: (d / "state.json").write_text("{}"))
+    for step in (1, 2, 3):
+        (run.checkpoint(step) / f".trainer.tmp-{1000 + step}").mkdir(parents=True)
+        (run.checkpoint(step) / f".trainer.tmp-{1000 + step}" / "optimizer.pt").write_bytes(b"half")
+    (run.checkpoint(2) / ".trainer.old-77").mkdir()
+    run.remove_checkpoint(1)
+    assert not (run.checkpoint(1) / ".trainer.tmp-1001").exists() and not run.checkpoint(1).exists()
+    assert (run.checkpoint(2) / ".trainer.tmp-1002").exists()  # not pruned, not a start: a write may be under way
+    run.prepare("rl", {}, resume=True, overwrite=False)
+    assert not (run.checkpoint(2) / ".trainer.tmp-1002").exists()
+    assert not (run.checkpoint(3) / ".trainer.tmp-1003").exists()
+    assert (run.checkpoint(2) / ".trainer.old-77").is_dir()
+    assert run.resume_step(None) == 2
+
+
+def test_a_full_disk_is_one_line_naming_the_folder_and_its_free_space_and_leaves_no_partial_write(
+    tmp_path: Path,
+) -> None:
+    def fills_the_disk(folder: Path) -> None:
+        (folder / "optimizer.pt").write_bytes(b"half of it")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    run = RunFolder(tmp_path)
+    with pytest.raises(DiskFull) as full:
+        run.write_checkpoint_half(3, "trainer", fills_the_disk)
+    message = str(full.value)
+    assert (
+        f"no space left on the device of {run.checkpoint(3)} (" in message and "MiB free) to write trainer" in message
+    )
+    assert "\n" not in message
+    assert list(run.checkpoint(3).iterdir()) == []  # the partial write removed

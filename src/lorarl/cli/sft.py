@@ -14,11 +14,11 @@ import sys
 from lorarl.cli.common import exit_with, load_run_or_exit, setup_logging
 from lorarl.config.run import RunMode
 from lorarl.config.sft import SFTConfig
-from lorarl.exit_codes import BAD_INPUT, TRAINING_STOPPED
+from lorarl.exit_codes import BAD_INPUT, FAILED, TRAINING_STOPPED
 from lorarl.launcher.memory_plan import sft_memory_plan
 from lorarl.launcher.plan import torchrun
 from lorarl.launcher.preflight import PreflightError, check_sft
-from lorarl.run_folder import RunFolder, RunFolderError
+from lorarl.run_folder import DiskFull, RunFolder, RunFolderError
 
 log = logging.getLogger("lorarl.sft")
 # Set for the torchrun ranks of an `sft` that has prepared the run folder already.
@@ -49,6 +49,8 @@ def main(argv: list[str] | None = None) -> None:
         exit_with(e, BAD_INPUT)
     except TrainingStopped as e:  # the run went wrong (NaN weights, no gradient): no result written
         exit_with(e, TRAINING_STOPPED)
+    except DiskFull as e:  # one line naming the folder and its free space
+        exit_with(e, FAILED)
 
 
 def prepare(cfg: SFTConfig, mode: RunMode) -> None:
@@ -57,8 +59,8 @@ def prepare(cfg: SFTConfig, mode: RunMode) -> None:
     run = RunFolder(cfg.run_dir)
     try:
         check_sft(cfg, mode)
-        if cfg.resume is not None:
-            run.resume_step(cfg.resume.step)
+        if cfg.resume is not None:  # found now, said by the trainer (in this process) as it resumes
+            run.resume_step(cfg.resume.step, quiet=True)
         resume = cfg.resume is not None
         log.info(run.prepare("sft", cfg.model_dump(mode="json"), resume, mode.overwrite, dry_run=mode.dry_run))
         if not mode.dry_run:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from lorarl.cli.common import exit_with, load_or_exit, setup_logging
 from lorarl.config.run import RLConfig
-from lorarl.exit_codes import BAD_INPUT, TRAINING_STOPPED
-from lorarl.run_folder import RunFolder, RunFolderError
+from lorarl.exit_codes import BAD_INPUT, FAILED, TRAINING_STOPPED
+from lorarl.run_folder import DiskFull, RunFolder, RunFolderError
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -23,6 +23,8 @@ def main(argv: list[str] | None = None) -> None:
         train(cfg)
     except TrainingStopped as e:  # one line, the last of the trainer's log that `rl` shows
         exit_with(e, TRAINING_STOPPED)
+    except DiskFull as e:  # one line naming the folder and its free space, the last of the log
+        exit_with(e, FAILED)
 
 
 def prepared_or_exit(cfg: RLConfig, command: str) -> None:

@@ -157,6 +157,11 @@ class OrchestratorConfig(Section):
     policy_timeout: float = Field(1800.0, gt=0)
     """Seconds the orchestrator waits for the trainer's next adapter before giving up (the trainer may
     have died)."""
+    reward_timeout: float = Field(600.0, gt=0)
+    """Seconds one reward function may take to score one episode; past it the episode scores 0 for that
+    function, counted in `reward_errors` like a reward that raises, and the run goes on (the call is
+    abandoned: it runs on in a thread of its own until the orchestrator exits, which does not wait for
+    it). The default leaves room for a judge's three attempts of 120 s each."""
     num_samples_to_log: int = Field(4, ge=0)
     """Decoded rollouts per step, with their rewards, written to samples/step_N.jsonl; 0: none."""
     eval: EvalConfig | None = None

@@ -15,6 +15,7 @@ interface.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import time
@@ -160,6 +161,7 @@ def resume_roles(
     """Stop the trainer and orchestrator, then start both again from the latest checkpoint."""
     supervisor.stop([s.name for s in roles])
     run.clear_regenerated()
+    run.remove_interrupted_checkpoint_writes()  # the dead role's cut-short write, if any
     resumed = cfg.model_copy(update={"resume": ResumeConfig()})
     new_roles = [s for s in plan_run(resumed, run, placement) if s.role != "inference"]
     for spec in new_roles:
@@ -180,7 +182,19 @@ def report_failure(supervisor: Supervisor | RayCluster, name: str, code: int) ->
     if code in exit_codes.ENDS_THAT_REPEAT and name in {"orchestrator", "trainer"} and tail.strip():
         log.error("%s: %s", name, tail.strip().splitlines()[-1].removeprefix("error: "))
         return code
-    log.error(
-        "%s exited with code %d; stopping the run. Last lines of %s:\n%s", name, code, supervisor.log_path(name), tail
-    )
+    path = supervisor.log_path(name)
+    if not tail.strip():  # the cause in the one line: there are no last lines to show it
+        gone = "is gone (was the run folder deleted?)" if not path.exists() else "is empty"
+        log.error("%s %s; stopping the run. Its log %s %s", name, ended(code), path, gone)
+    else:
+        log.error("%s %s; stopping the run. Last lines of %s:\n%s", name, ended(code), path, tail)
     return exit_codes.FAILED
+
+
+def ended(code: int) -> str:
+    """How a process with return code `code` ended, in words: a negative one is the signal that killed it."""
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"was killed by {signal.Signals(-code).name}"
+        return f"was killed by signal {-code}"
+    return f"exited with code {code}"

@@ -159,6 +159,7 @@ class Orchestrator:
         for env, env_cfg in zip(envs, self.ocfg.env, strict=True):
             if env_cfg.episode_timeout is not None:
                 env.episode_timeout = env_cfg.episode_timeout
+            env.reward_timeout = self.ocfg.reward_timeout
         weights = [e.weight for e in self.ocfg.env]
         self.sampler = ExampleSampler(envs, weights, self.ocfg.seed)
         # Extra groups (fill_informative) come from a stream of their own: the first stays as without them.

@@ -72,3 +72,22 @@ def test_any_other_failure_shows_the_tail_of_the_log(sup: Supervisor, caplog: py
         assert report_failure(sup, "orchestrator", ended(sup, "orchestrator", 1)) == 1
     (message,) = caplog.messages
     assert message.startswith("orchestrator exited with code 1; stopping the run") and "step 1 done" in message
+
+
+def test_a_stop_whose_log_is_gone_says_so_and_how_the_process_ended(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The run folder deleted mid-run: no last lines to show, so the one line says the cause."""
+    sup = Supervisor(tmp_path / "run" / "logs")
+    proc = sup.start(
+        ProcessSpec("orchestrator", [sys.executable, "-c", "import time; time.sleep(60)"], role="orchestrator")
+    )
+    sup.log_path("orchestrator").unlink()
+    proc.kill()
+    proc.wait()
+    with caplog.at_level(logging.ERROR, logger="lorarl.rl"):
+        assert report_failure(sup, "orchestrator", proc.returncode) == 1
+    assert caplog.messages == [
+        f"orchestrator was killed by SIGKILL; stopping the run. Its log {sup.log_path('orchestrator')} is gone "
+        "(was the run folder deleted?)"
+    ]

@@ -9,13 +9,14 @@ Tasks where the model calls Python functions subclass `ToolEnvironment` (envs/to
 
 from __future__ import annotations
 
-import inspect
 import logging
 import math
 import random
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+from lorarl.orchestrator.reward_calls import RewardTimeout, abandoned_still_running, call_bounded
 
 Message = dict[str, str]
 """One chat message: `{"role": "user", "content": "..."}` (roles system, user, assistant, tool)."""
@@ -76,6 +77,9 @@ class Environment:
     # [[orchestrator.env]] episode_timeout sets it.
     episode_timeout: float | None = None
     rewards: list[WeightedReward] = []
+    # Seconds one reward function may take for one episode; past it the episode scores 0 for it, counted
+    # in `reward_errors`, and the call is abandoned (reward_calls.py). orchestrator.reward_timeout sets it.
+    reward_timeout: float = 600.0
 
     def examples(self, rng: random.Random) -> Iterator[Example]:
         """An endless stream of training examples drawn with `rng`. One example dict is shared by
@@ -111,20 +115,34 @@ class Environment:
 
     async def score(self, episode: Episode) -> dict[str, float]:
         """Each reward function's value, their weighted sum ("reward") and "reward_errors": a
-        reward function that raises, or returns NaN or an infinity, scores 0 and is counted; it
-        never stops the run, nor reaches the advantages."""
+        reward function that raises, returns NaN or an infinity, or runs past `reward_timeout`
+        scores 0 and is counted; it never stops the run, nor reaches the advantages."""
         scores: dict[str, float] = {}
         errors = 0
         for r in self.rewards:
             try:
-                value = r.func(episode)
-                scores[r.name] = float(await value if inspect.isawaitable(value) else value)
+                value = await call_bounded(r.func, episode, self.reward_timeout, f"reward {r.name} of {self.name}")
+                scores[r.name] = float(value)
                 if not math.isfinite(scores[r.name]):
                     raise ValueError(f"returned {scores[r.name]}")
-            except Exception:
-                log.exception("reward function %s of %s raised; scoring 0", r.name, self.name)
+            except Exception as e:
+                self._reward_failed(r, e)
                 scores[r.name] = 0.0
                 errors += 1
         scores["reward"] = sum(r.weight * scores[r.name] for r in self.rewards)
         scores["reward_errors"] = errors
         return scores
+
+    def _reward_failed(self, reward: WeightedReward, error: Exception) -> None:
+        """Log a reward call that scores 0: one line for a timeout, the traceback for an error."""
+        if isinstance(error, RewardTimeout):
+            log.warning(
+                "reward function %s of %s: %s (orchestrator.reward_timeout); scoring 0, the call abandoned "
+                "(%d abandoned call(s) still running)",
+                reward.name,
+                self.name,
+                error,
+                abandoned_still_running(),
+            )
+        else:
+            log.error("reward function %s of %s raised; scoring 0", reward.name, self.name, exc_info=error)
