@@ -20,7 +20,13 @@ from lorarl.orchestrator.judge import Judge
 from lorarl.tiny_model import build_tokenizer
 from tests.conftest import REPO
 
-CONFIGS = sorted(p for d in ("configs", "examples") for p in (REPO / d).rglob("*.toml") if not p.stem.startswith("sft"))
+# rl's configs: sft's and lorarl-serve's have no environments.
+CONFIGS = sorted(
+    p
+    for d in ("configs", "examples")
+    for p in (REPO / d).rglob("*.toml")
+    if not p.stem.startswith("sft") and "serve" not in p.relative_to(REPO).parts
+)
 
 
 def reference_turns(env: Environment, example: Example) -> list[str]:
