@@ -125,11 +125,14 @@ def _service(request: web.Request) -> Service:
 
 
 async def _body(request: web.Request, model: type[BaseModel]) -> Any:
+    return model.model_validate(await _json_body(request))
+
+
+async def _json_body(request: web.Request) -> Any:
     try:
-        data = await request.json()
+        return await request.json()
     except ValueError:
         raise BadRequest("body: not JSON") from None
-    return model.model_validate(data)
 
 
 def _json_call(model: type[BaseModel], call: Callable[[Service, str, Any], dict[str, Any]]) -> Handler:
@@ -208,7 +211,7 @@ async def _checkpoints(request: web.Request) -> web.Response:
 
 
 async def _weights_info(request: web.Request) -> web.Response:
-    data = await request.json()
+    data = await _json_body(request)
     path = data.get("tinker_path") if isinstance(data, dict) else None
     if not isinstance(path, str):
         raise BadRequest("tinker_path: required")

@@ -28,8 +28,15 @@ class ServeFolder(RunFolder):
         return self.root / "serve.sqlite"
 
     def tenant_state(self, model_id: str, kind: str, name: str) -> Path:
-        """The folder of `tinker://<model_id>/<kind>/<name>`."""
-        return self.root / "tenants" / model_id.replace(":", "-") / kind / name
+        """The folder of `tinker://<model_id>/<kind>/<name>`; BadRequest if a symlink in the run folder
+        would lead it outside."""
+        return self.inside(self.root / "tenants" / model_id.replace(":", "-") / kind / name)
+
+    def inside(self, path: Path) -> Path:
+        """`path` if it resolves inside the run folder; BadRequest if not (a symlink planted in it, say)."""
+        if not path.resolve().is_relative_to(self.root.resolve()):
+            raise BadRequest(f"path: {path} leads outside the run folder {self.root}; not used")
+        return path
 
 
 def tinker_path(model_id: str, kind: str, name: str) -> str:

@@ -281,6 +281,7 @@ class Service:
         parse_tinker_path(path)
         if (ckpt := self.store.checkpoint(path, owner)) is None:
             raise NotFound(f"checkpoint {path} not found")
+        self.folder.inside(Path(ckpt.folder))  # a symlink planted since it was saved
         return ckpt
 
     # ---- ordered work on the trainer --------------------------------------------------------------
