@@ -1,0 +1,44 @@
+"""Bad input that was accepted silently or hung (issue 49): data that is not a regular file (a FIFO,
+which `open()` would wait on forever) and an IcePop band of no width (every token masked, loss 0).
+Each is refused in one line, nothing written (`bad_inputs.assert_refused`)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.unit.cli.bad_inputs import Case, Workspace, assert_refused, case_ids, rl_args, sft_args
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fifo(ws: Workspace) -> None:
+    path = ws.root / "inputs" / "pipe.jsonl"
+    if not path.exists():
+        os.mkfifo(path)
+
+
+CASES: list[Case] = [
+    ("sft", sft_args(data="{w.root}/inputs/pipe.jsonl"), "pipe.jsonl: not a regular file"),
+    ("sft", sft_args("--dry-run", data="{w.root}/inputs/pipe.jsonl"), "pipe.jsonl: not a regular file"),
+    (
+        "rl",
+        rl_args(
+            "--trainer.loss.mismatch_correction",
+            "icepop",
+            "--trainer.loss.mismatch_low",
+            "1",
+            "--trainer.loss.mismatch_cap",
+            "1",
+        ),  # fmt: skip
+        "mismatch_low 1.0 = mismatch_cap 1.0 masks every token",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_ids(CASES))
+def test_silent_or_hanging_input_is_refused_in_one_line(
+    ws: Workspace, capsys: pytest.CaptureFixture[str], case: Case
+) -> None:
+    command, args, names = case
+    assert_refused(ws, capsys, command, args(ws), names)
