@@ -1,5 +1,6 @@
 """Bad input that was accepted silently or hung (issue 49): data that is not a regular file (a FIFO,
-which `open()` would wait on forever) and an IcePop band of no width (every token masked, loss 0).
+which `open()` would wait on forever), an IcePop band of no width (every token masked, loss 0),
+`--auto_resume` with no checkpoint to resume from, and a variant name no folder can have.
 Each is refused in one line, nothing written (`bad_inputs.assert_refused`)."""
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ CASES: list[Case] = [
         ),  # fmt: skip
         "mismatch_low 1.0 = mismatch_cap 1.0 masks every token",
     ),
+    ("rl", rl_args("--auto_resume", "2"), "--auto_resume 2 restarts from the latest checkpoint"),
+    ("rl", rl_args("--variants", '[{"name": "' + "v" * 300 + '"}]'), "variant name has 300 characters"),
 ]
 
 
