@@ -1,6 +1,7 @@
 """Bad input that was accepted silently or hung (issue 49): data that is not a regular file (a FIFO,
 which `open()` would wait on forever), an IcePop band of no width (every token masked, loss 0),
-`--auto_resume` with no checkpoint to resume from, and a variant name no folder can have.
+`--auto_resume` with no checkpoint to resume from, a variant name no folder can have, and TOML's
+`true` where a number is meant (pydantic took it for 1: `top_k = true` sampled greedily).
 Each is refused in one line, nothing written (`bad_inputs.assert_refused`)."""
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ def fifo(ws: Workspace) -> None:
     path = ws.root / "inputs" / "pipe.jsonl"
     if not path.exists():
         os.mkfifo(path)
+    ws.write("top-k-true.toml", "[orchestrator.sampling]\ntop_k = true\n")
+    ws.write("lr-false.toml", "[trainer.optim]\nlr = false\n")
 
 
 CASES: list[Case] = [
@@ -34,6 +37,8 @@ CASES: list[Case] = [
         ),  # fmt: skip
         "mismatch_low 1.0 = mismatch_cap 1.0 masks every token",
     ),
+    ("rl", rl_args("@", "{w.root}/inputs/top-k-true.toml"), "top_k = true: top_k takes a number"),
+    ("rl", rl_args("@", "{w.root}/inputs/lr-false.toml"), "lr = false: lr takes a number"),
     ("rl", rl_args("--auto_resume", "2"), "--auto_resume 2 restarts from the latest checkpoint"),
     ("rl", rl_args("--variants", '[{"name": "' + "v" * 300 + '"}]'), "variant name has 300 characters"),
 ]
