@@ -1,6 +1,7 @@
 """`lorarl-orchestrator @ cfg.toml`: the rollout loop alone (reads [model], [orchestrator], [inference]).
 
-Run alone, it writes only into a run folder that lorarl prepared (see `lorarl-trainer`).
+Run alone, it writes only into a run folder that lorarl prepared (see `lorarl-trainer`); `--dry-run`
+makes that check and starts nothing.
 """
 
 from __future__ import annotations
@@ -8,15 +9,13 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from lorarl.cli.common import load_or_exit, setup_logging
-from lorarl.cli.trainer import prepared_or_exit
-from lorarl.config.run import RLConfig
+from lorarl.cli.common import setup_logging
+from lorarl.cli.trainer import role_config_or_exit
 from lorarl.exit_codes import BAD_INPUT
 
 
 def main(argv: list[str] | None = None) -> None:
-    cfg = load_or_exit(RLConfig, argv)
-    prepared_or_exit(cfg, "orchestrator")
+    cfg = role_config_or_exit(argv, "orchestrator")
     setup_logging("orchestrator")
     from lorarl.orchestrator.adapters import AdapterNameInUse
     from lorarl.orchestrator.orchestrator import orchestrate

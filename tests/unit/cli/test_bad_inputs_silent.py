@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from tests.unit.cli.bad_inputs import Case, Workspace, assert_refused, case_ids, rl_args, sft_args
+from tests.unit.cli.bad_inputs import COMMANDS, Case, Workspace, assert_refused, case_ids, rl_args, sft_args
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -50,3 +50,14 @@ def test_silent_or_hanging_input_is_refused_in_one_line(
 ) -> None:
     command, args, names = case
     assert_refused(ws, capsys, command, args(ws), names)
+
+
+@pytest.mark.parametrize("command", ["lorarl-trainer", "lorarl-orchestrator"])
+def test_a_role_run_alone_honours_dry_run(ws: Workspace, capsys: pytest.CaptureFixture[str], command: str) -> None:
+    """`--dry-run` checks the run folder and starts nothing (it was not a flag of theirs: refused)."""
+    before = ws.snapshot()
+    args = ["--model.name", str(ws.model), "--output_dir", str(ws.out), "--run_name", "previous", "--dry-run"]
+    with pytest.raises(SystemExit) as exit_info:
+        COMMANDS[command](args)
+    assert exit_info.value.code == 0 and "dry run" in capsys.readouterr().out
+    assert ws.snapshot() == before
