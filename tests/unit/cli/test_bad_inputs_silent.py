@@ -7,9 +7,15 @@ Each is refused in one line, nothing written (`bad_inputs.assert_refused`)."""
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
+from lorarl.run_folder import RunFolder
 from tests.unit.cli.bad_inputs import COMMANDS, Case, Workspace, assert_refused, case_ids, rl_args, sft_args
 
 
@@ -61,3 +67,24 @@ def test_a_role_run_alone_honours_dry_run(ws: Workspace, capsys: pytest.CaptureF
         COMMANDS[command](args)
     assert exit_info.value.code == 0 and "dry run" in capsys.readouterr().out
     assert ws.snapshot() == before
+
+
+def test_the_orchestrator_alone_stops_on_ctrl_c_while_waiting_for_unreachable_workers(
+    tmp_path: Path, ws: Workspace
+) -> None:
+    """It waited inference.startup_timeout (600 s) for inference.urls that answer nothing, ignoring Ctrl-C."""
+    RunFolder(tmp_path / "r").prepare("rl", {}, resume=False, overwrite=False)
+    args = ["--model.name", str(ws.model), "--output_dir", str(tmp_path), "--run_name", "r"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lorarl.cli.orchestrator", *args, "--inference.urls", '["http://127.0.0.1:9"]'],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        time.sleep(15)  # its imports, then the wait
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=5) == 128 + signal.SIGINT
+    finally:
+        proc.kill()  # a no-op once it has stopped
+    assert proc.stderr is not None and "stopped by SIGINT" in proc.stderr.read()
