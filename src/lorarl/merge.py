@@ -2,9 +2,9 @@
 tokenizer) that transformers and vLLM load like any model, e.g. from the result of `sft`
 (`<run>/final`) or an RL broadcast (`broadcasts/step_N`). The merge is computed in float32 and
 saved in the base model's dtype unless asked otherwise. An adapter trained on a 4-bit base
-(model.quantization) is merged into the full-precision base, and the merge says so. The output folder is checked before
-anything loads: only a new, empty or earlier merge folder is ever written. An earlier merge is
-replaced by the files its MANIFEST.json lists (the record of what lorarl wrote there): a file a user
+(model.quantization) is merged into the full-precision base, and the merge says so. The output folder
+is checked before anything loads: only a new, empty or earlier merge folder is ever written, never
+through a link. An earlier merge is replaced by the files its MANIFEST.json lists (the record of what lorarl wrote there): a file a user
 added stays, unless the new merge writes one of that name, which is refused.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from lorarl.launcher.preflight import check_model
 from lorarl.run_folder import unwritable
-from lorarl.written import MANIFEST, foreign_files
+from lorarl.written import MANIFEST, foreign_files, link_in_way, link_refusal
 
 log = logging.getLogger("lorarl.merge")
 # Written into every merge output: only a folder with it may be replaced (with --overwrite).
@@ -35,6 +35,8 @@ def check_out(base: str, adapter: Path, out: Path, overwrite: bool) -> None:
     neither is, holds nor lies inside the base model or the adapter."""
     if problem := unwritable(out.parent) or unwritable(out):
         raise ValueError(f"--out {out}: {problem}")
+    if (link := link_in_way(out)) is not None:  # it would move the files behind it (an earlier merge's)
+        raise ValueError(f"--out {out}: {link_refusal(link)}")
     target = out.resolve()
     for name, source in (("--base", Path(base)), ("--adapter", adapter)):
         if source.exists() and (

@@ -18,7 +18,10 @@ Folders that another process reads are written under a temporary name and rename
 folders get `STABLE` last, so a reader never sees a half-written step. Every file lorarl writes here
 is in the folder's record (written.py); a folder is cleared only if its marker says lorarl wrote it,
 and then only of the files its record lists: a user's files are never touched, and where one would
-mislead the run (a stale batch or checkpoint among lorarl's), the run is refused naming it.
+mislead the run (a stale batch or checkpoint among lorarl's), the run is refused naming it. lorarl
+makes no symbolic links: one at the record, the marker or anywhere under what it writes here leads to
+someone else's files, and the run is refused naming it before anything is written (`_refuse_links`);
+the writers below also refuse one on their path inside the folder, for what runs alone.
 """
 
 from __future__ import annotations
@@ -41,8 +44,12 @@ from lorarl.written import (
     STABLE,
     foreign_files,
     forget_missing,
+    link_in_way,
+    link_refusal,
+    links_under,
     manifest_problem,
     record,
+    record_problem,
     record_root,
     record_written,
     remove_folder,
@@ -230,6 +237,7 @@ class RunFolder:
         if self.is_alive():
             raise RunFolderError(f"{self.root} belongs to a run that is still going: stop it, or pick another run_name")
         self._check_path()
+        self._refuse_links()
         entries = list(self.root.iterdir()) if self.root.is_dir() else []
         marker = self._read_marker() if entries else None
         if entries and marker is None:
@@ -281,6 +289,15 @@ class RunFolder:
             remove_interrupted_writes(Path(here))
             dirs[:] = [d for d in dirs if not _INTERRUPTED.match(d)]
 
+    def _refuse_links(self) -> None:
+        """Refuse, naming it, a symbolic link where lorarl writes, records or removes in this folder, or a
+        record that is not a file: writing or clearing through one would reach someone else's files."""
+        problem = record_problem(self.root)
+        if problem is None and (links := links_under(self.root, (MARKER, LOCK, *_OUTPUTS))):
+            problem = str(link_refusal(links[0]))
+        if problem:
+            raise RunFolderError(problem)
+
     def _check_path(self) -> None:
         """The run folder can be made and written (the rest, e.g. a file system that refuses even root,
         `_make_root` finds)."""
@@ -314,10 +331,11 @@ class RunFolder:
                 f"{self.root} is not a run folder (no {MARKER}): {command} run alone writes only into one that "
                 "`rl` prepared; run `rl --dry-run` with this config first, or check output_dir and run_name"
             )
+        self._refuse_links()
 
     def hold_lock(self) -> None:
         """Mark the run alive for as long as this process lives (the lock goes with it, even on SIGKILL)."""
-        fd = os.open(self.root / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self.root / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         record(self.root, [self.root / LOCK])
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # prepare() checked no one holds it
         os.set_inheritable(fd, True)  # kept across `sft`'s exec into torchrun; Popen children never get it
@@ -427,8 +445,9 @@ def write_folder_atomically(
     (`manifest_problem`). With `stable_marker`, an empty `STABLE` file is added after the rename, for
     readers that poll for it (vLLM adapter loading). Files that the folder at `dest` held and lorarl
     did not write move into the new one; one that the new folder also has is refused (RunFolderError,
-    nothing replaced).
+    nothing replaced), and so is a symbolic link at `dest` or on its path inside its folder.
     """
+    refuse_link_on_path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)  # this process's own temporary, left by a crash
@@ -469,6 +488,13 @@ def _no_space(dest: Path) -> str:
     )
 
 
+def refuse_link_on_path(dest: Path) -> None:
+    """RunFolderError, naming it, if `dest` or a folder on its path inside its folder is a symbolic link
+    (`link_in_way`)."""
+    if (link := link_in_way(dest)) is not None:
+        raise RunFolderError(str(link_refusal(link)))
+
+
 def _users_files(dest: Path, new: Path) -> list[Path]:
     """The files in the folder at `dest` that lorarl did not write, relative to it; RunFolderError
     (and `new` removed) if the new folder would replace one."""
@@ -484,9 +510,13 @@ def _users_files(dest: Path, new: Path) -> list[Path]:
 
 def write_file_atomically(dest: Path, text: str) -> None:
     """Write `text` to a temporary sibling, fsync it, then rename it over `dest`: a reader sees the
-    old file or the new one, never a half-written one. The file goes into the folder's record."""
+    old file or the new one, never a half-written one. The file goes into the folder's record; a link on
+    its path is refused (`refuse_link_on_path`)."""
+    refuse_link_on_path(dest)
     tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    with open(fd, "w", encoding="utf-8") as f:
+        f.write(text)
     _fsync(tmp)
     os.replace(tmp, dest)
     _fsync(dest.parent)

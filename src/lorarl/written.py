@@ -14,14 +14,20 @@ rather than leave them (a stale checkpoint that a later --resume would pick up, 
 The record is appended to with one write per call (O_APPEND), so that the processes of a run
 (`rl`, trainer, orchestrator) can record into it at once; it is rewritten only by `forget_missing`,
 which `RunFolder.prepare` calls while no other process of the run is alive.
+
+lorarl never makes a symbolic link, so one found where it writes, records or removes was put there by
+someone else and leads to their files: the record is opened without following one (O_NOFOLLOW), and
+`links_under` / `link_in_way` find the others for the commands to refuse them (UnsafeEntry) first.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import re
+import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -33,11 +39,80 @@ STABLE = "STABLE"  # added to an adapter folder after its rename: part of the fo
 TEMPORARY = re.compile(r"^\..+\.(tmp|old)-\d+$")
 
 
+class UnsafeEntry(OSError):
+    """A link (or, for the record, something not a file) where lorarl would write, record or remove;
+    str() is one line for the user, naming it."""
+
+
+def link_refusal(link: Path) -> UnsafeEntry:
+    """The one-line refusal of the symbolic link `link`."""
+    return UnsafeEntry(
+        f"{link} is a symbolic link, which lorarl did not make and never writes, records or removes through "
+        "(it leads to someone else's files): remove the link, or choose another folder"
+    )
+
+
+def links_under(root: Path, names: Iterable[str]) -> list[Path]:
+    """The symbolic links at `root/<name>`, or anywhere below it, for each of `names`, sorted."""
+    found = []
+    for name in names:
+        path = root / name
+        if path.is_symlink():
+            found.append(path)
+        elif path.is_dir():
+            for parent, dirs, files in os.walk(path):  # does not descend into a link to a folder
+                found += [Path(parent, n) for n in [*dirs, *files] if Path(parent, n).is_symlink()]
+    return sorted(found)
+
+
+def link_in_way(dest: Path) -> Path | None:
+    """The first symbolic link among `dest` and the folders on its path below the folder whose record
+    covers it (below `dest`'s parent when none does): that folder and those above it are the user's
+    choice of where to write, what lies below is lorarl's. None when there is none."""
+    root = record_root(dest.parent) or dest.parent
+    if not dest.is_relative_to(root):
+        return None
+    parts = dest.relative_to(root).parts
+    return next((p for i in range(len(parts)) if (p := root.joinpath(*parts[: i + 1])).is_symlink()), None)
+
+
+def record_problem(root: Path) -> str | None:
+    """Why `root`'s record cannot be read or added to (a link, or not a file), in one line; None if it
+    is a file or does not exist."""
+    try:
+        mode = os.lstat(root / RECORD).st_mode
+    except FileNotFoundError:
+        return None
+    if stat.S_ISLNK(mode):
+        return str(link_refusal(root / RECORD))
+    if not stat.S_ISREG(mode):
+        return (
+            f"{root / RECORD} is {'a folder' if stat.S_ISDIR(mode) else 'not a file'}, not lorarl's record of the "
+            "files it wrote there: move it away, or choose another folder"
+        )
+    return None
+
+
+def _open_record(root: Path, flags: int) -> int:
+    """A descriptor of `root`'s record, never through a link; UnsafeEntry if it is one or not a file."""
+    try:
+        # O_NONBLOCK: a FIFO put there is refused below rather than waited on; a file ignores the flag.
+        fd = os.open(root / RECORD, flags | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+            raise UnsafeEntry(record_problem(root) or f"{root / RECORD}: {e.strerror}") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UnsafeEntry(record_problem(root) or f"{root / RECORD} is not a file")
+    return fd
+
+
 def record_root(path: Path) -> Path | None:
     """The folder whose record covers `path`: the nearest one, `path` itself or above it, that has a
     record or a run folder's marker (run.json); None when there is none."""
-    for folder in (path, *path.parents):
-        if (folder / RECORD).is_file() or (folder / "run.json").is_file():
+    for folder in (path, *path.parents):  # a record that is a link or a folder is found, to be refused
+        if os.path.lexists(folder / RECORD) or (folder / "run.json").is_file():
             return folder
     return None
 
@@ -46,7 +121,7 @@ def record(root: Path, paths: Iterable[Path]) -> None:
     """Add `paths` (files, or folders written whole) under `root` to its record, creating it."""
     lines = "".join(_entry(root, p) + "\n" for p in paths)
     if lines:
-        fd = os.open(root / RECORD, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = _open_record(root, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         try:
             os.write(fd, lines.encode())  # one write: lines of several processes never interleave
         finally:
@@ -67,11 +142,13 @@ def _entry(root: Path, path: Path) -> str:
 
 def recorded(root: Path) -> list[str]:
     """The record's entries, oldest first, each once; one that would leave `root` (a damaged or forged
-    record) is ignored."""
+    record) is ignored; UnsafeEntry if the record is a link or not a file."""
     try:
-        lines = (root / RECORD).read_text(errors="replace").splitlines()
+        fd = _open_record(root, os.O_RDONLY)
     except FileNotFoundError:
         return []
+    with open(fd, encoding="utf-8", errors="replace") as f:
+        lines = f.read().splitlines()
     return list(dict.fromkeys(line for line in lines if _inside(line)))
 
 
@@ -172,8 +249,10 @@ def _rmdir_if_empty(folder: Path) -> bool:
 def forget_missing(root: Path) -> None:
     """Rewrite the record without the entries whose files are gone (call it with no writer alive)."""
     kept = [e for e in recorded(root) if (root / e).exists() or (root / e).is_symlink()]
-    if (root / RECORD).exists():
-        (root / RECORD).write_text("".join(e + "\n" for e in kept))
+    if os.path.lexists(root / RECORD):
+        fd = _open_record(root, os.O_WRONLY | os.O_TRUNC)
+        with open(fd, "w", encoding="utf-8") as f:
+            f.write("".join(e + "\n" for e in kept))
 
 
 def file_sha256(path: Path) -> str:

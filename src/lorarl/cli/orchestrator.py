@@ -1,23 +1,26 @@
 """`lorarl-orchestrator @ cfg.toml`: the rollout loop alone (reads [model], [orchestrator], [inference]).
 
-Run alone, it writes only into a run folder that lorarl prepared (see `lorarl-trainer`).
+Run alone, it writes only into a run folder that lorarl prepared (see `lorarl-trainer`); `--dry-run`
+makes that check and starts nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import sys
+from types import FrameType
 
-from lorarl.cli.common import load_or_exit, setup_logging
-from lorarl.cli.trainer import prepared_or_exit
-from lorarl.config.run import RLConfig
+from lorarl.cli.common import setup_logging
+from lorarl.cli.trainer import role_config_or_exit
 from lorarl.exit_codes import BAD_INPUT
 
 
 def main(argv: list[str] | None = None) -> None:
-    cfg = load_or_exit(RLConfig, argv)
-    prepared_or_exit(cfg, "orchestrator")
+    cfg = role_config_or_exit(argv, "orchestrator")
     setup_logging("orchestrator")
+    signal.signal(signal.SIGINT, _stop_now)
     from lorarl.orchestrator.adapters import AdapterNameInUse
     from lorarl.orchestrator.orchestrator import orchestrate
     from lorarl.orchestrator.served_check import ServedCheckFailed
@@ -30,6 +33,13 @@ def main(argv: list[str] | None = None) -> None:
     except* ServedCheckFailed as failed:  # a worker serves another policy: `rl` shows this line, exit code 2
         print(f"error: {failed.exceptions[0]}", file=sys.stderr)
         raise SystemExit(BAD_INPUT) from None
+
+
+def _stop_now(signum: int, frame: FrameType | None) -> None:
+    """Ctrl-C stops at once, as SIGTERM does: a KeyboardInterrupt would leave asyncio.run waiting for
+    its worker threads, e.g. one waiting up to inference.startup_timeout for unreachable inference.urls."""
+    print(f"orchestrator: stopped by {signal.Signals(signum).name}", file=sys.stderr, flush=True)
+    os._exit(128 + signum)
 
 
 if __name__ == "__main__":

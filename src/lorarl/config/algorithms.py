@@ -82,6 +82,16 @@ class LossBase(Section):
             raise ValueError('norm = "constant" needs norm_constant (e.g. batch_size * max_tokens)')
         return self
 
+    @model_validator(mode="after")
+    def _icepop_keeps_some_weights(self) -> LossBase:
+        # mismatch_low <= 1 <= mismatch_cap: equal, only w == 1 exactly would be kept, so every token is masked.
+        if self.mismatch_correction == "icepop" and self.mismatch_low >= self.mismatch_cap:
+            raise ValueError(
+                f"mismatch_low {self.mismatch_low} = mismatch_cap {self.mismatch_cap} masks every token "
+                '(mismatch_correction = "icepop" keeps mismatch_low <= w <= mismatch_cap): lower mismatch_low'
+            )
+        return self
+
 
 class TrustRegionLoss(LossBase):
     """A policy term of the importance ratio r = π_trainer / π_anchor with a trust region

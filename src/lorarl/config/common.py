@@ -10,10 +10,11 @@ shows it, and scripts/config_reference.py renders the config reference (docs/con
 from __future__ import annotations
 
 import re
+import types
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, Union, get_args, get_origin
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 # vLLM's --max-lora-rank accepts only these values (docs/vllm.md).
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -42,6 +43,23 @@ class Section(BaseModel):
     model_config = ConfigDict(
         extra="forbid", validate_assignment=True, use_attribute_docstrings=True, allow_inf_nan=False
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_true_for_a_number(cls, data: Any) -> Any:
+        # pydantic takes TOML's `true` for 1 where a number is meant (`top_k = true` became greedy).
+        if isinstance(data, dict):
+            for key, value in data.items():
+                field = cls.model_fields.get(key) if isinstance(key, str) else None
+                if isinstance(value, bool) and field is not None and _numbers_only(field.annotation):
+                    raise ValueError(f"{key} = {str(value).lower()}: {key} takes a number, not true or false")
+        return data
+
+
+def _numbers_only(annotation: Any) -> bool:
+    """Whether `annotation` is int or float, or a union of them and None."""
+    kinds = get_args(annotation) if get_origin(annotation) in (Union, types.UnionType) else (annotation,)
+    return any(k in (int, float) for k in kinds) and all(k in (int, float, type(None)) for k in kinds)
 
 
 # "package.module:function": how a config names a user's function (an environment factory, a loss, an

@@ -170,6 +170,15 @@ class VariantConfig(Section):
     """The variant's name, unique in the run: its folders are broadcasts/<name>/, rollouts/<name>/,
     samples/<name>/ and checkpoints/<name>/, its vLLM adapters `<run_name>-<name>-step<N>`, and its
     metrics rows carry "variant": name. Letters, digits, "_" and "-", not starting with "_" or "-"."""
+
+    @field_validator("name", mode="after")
+    @classmethod
+    def _fits_a_folder_name(cls, value: str) -> str:
+        # Its folders (samples/<name>/step_N.jsonl) and adapter names must fit a file name's 255 bytes.
+        if len(value) > _MAX_RUN_NAME:
+            raise ValueError(f"variant name has {len(value)} characters: at most {_MAX_RUN_NAME} (a folder name)")
+        return value
+
     model: VariantModelConfig = VariantModelConfig()
     """What differs from the top-level [model]: only lora (the base model is shared)."""
     trainer: VariantTrainerConfig = VariantTrainerConfig()

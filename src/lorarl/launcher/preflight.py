@@ -77,6 +77,11 @@ def check_rl(cfg: RLConfig, mode: RLRunMode) -> Placement:
     gpus = visible_gpus(mode)
     check_model(cfg.model.name)
     check_cluster(cfg, mode.auto_resume)
+    if mode.auto_resume and cfg.trainer.ckpt.interval is None:  # it would restart from no checkpoint
+        raise PreflightError(
+            f"--auto_resume {mode.auto_resume} restarts from the latest checkpoint, and trainer.ckpt.interval "
+            "is not set (no checkpoint is written): set trainer.ckpt.interval, or leave --auto_resume out"
+        )
     try:
         # A server of inference.urls must be vLLM serving model.name (a ServerCheckError is a ValueError).
         for url in cfg.inference.urls:

@@ -27,7 +27,7 @@ from matplotlib.ticker import MaxNLocator
 from matplotlib.typing import LineStyleType
 
 from lorarl.run_folder import METRICS, RunFolder, unwritable
-from lorarl.written import record, record_root, written_files
+from lorarl.written import link_in_way, link_refusal, record, record_root, written_files
 
 OVERVIEW = "overview.png"
 # Line styles tell a panel's metrics apart when colours tell runs apart.
@@ -222,6 +222,8 @@ def check_out(out: Path, targets: Sequence[Path]) -> Path:
     written and none of `targets` is a file that lorarl did not write; MetricsError if not."""
     if problem := unwritable(out):
         raise MetricsError(f"--out {out}: {problem}")
+    if (link := link_in_way(out)) is not None:
+        raise MetricsError(f"--out {out}: {link_refusal(link)}")
     root = record_root(out) or out
     mine = written_files(root)
     if theirs := [t for t in targets if (t.exists() or t.is_symlink()) and t not in mine]:

@@ -217,6 +217,8 @@ def _records(path: Path, split: str) -> Iterator[tuple[str, Any]]:
         raise DataError(f"{path}: no such file or folder")
     if path.is_dir():
         yield from _folder_records(path, split)
+    elif not path.is_file():  # a FIFO or a device: opening it would wait for a writer, or read forever
+        raise DataError(f"{path}: not a regular file (a FIFO, socket or device): give a .jsonl or .parquet file")
     elif path.suffix in _READERS:
         yield from _READERS[path.suffix](path)
     else:
