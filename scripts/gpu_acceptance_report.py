@@ -17,12 +17,13 @@ Exit status 1 when the run did not log the trainer's steps 1..N.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import re
 import sys
 from collections import defaultdict
 from pathlib import Path
+
+from lorarl.monitor.plots import metrics_file, read_metrics
 
 # A process's line of memory_plan.txt: "trainer      gpu 0    54.4 GiB  97.3 GiB   weights ...".
 PLAN_LINE = re.compile(r"^(?P<process>inference-\d+|trainer\S*)\s.*?\s(?P<gib>\d+(?:\.\d+)?) GiB\s")
@@ -30,8 +31,8 @@ MIB_PER_GIB = 1024
 
 
 def metric_rows(run: Path) -> list[dict]:
-    path = run / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    """The run's metrics rows; none when it wrote no metrics.jsonl (it stopped before its first step)."""
+    return read_metrics(run) if metrics_file(run).exists() else []
 
 
 def plan_estimates(run: Path) -> dict[str, float]:

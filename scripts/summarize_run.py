@@ -6,7 +6,6 @@ python scripts/summarize_run.py outputs/quickstart-rl [--window 5]
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from lorarl.monitor.summary import summarize
@@ -26,12 +25,8 @@ def main() -> None:
             print(f"evals, first → last policy: avg {run.eval_change('avg@')}; pass {run.eval_change('pass@')}")
         if run.step_time is not None:
             print(f"trainer step time (median): {run.step_time:.2f} s")
-    # A step with an empty batch (all groups had zero advantage) has no lag and no mismatch.
-    rows = [json.loads(line) for line in (args.run_dir / "metrics.jsonl").read_text().splitlines()]
-    trainer = [r for r in rows if r["component"] == "trainer"]
-    diffs = [r["mismatch/logprob_abs_diff"] for r in trainer if r.get("policy_lag/max") == 0]
-    if diffs:
-        print(f"on-policy |trainer - vLLM| logprob (max over steps): {max(diffs):.2e}")
+        if run.on_policy_mismatch is not None:
+            print(f"on-policy |trainer - vLLM| logprob (max over steps): {run.on_policy_mismatch:.2e}")
 
 
 if __name__ == "__main__":

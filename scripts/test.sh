@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
 # Set up (if needed), lint, build the docs site (--strict), then run the whole test suite: unit tests,
 # then integration tests that start real vLLM servers. Extra arguments go to pytest alone (e.g.
-# `bash scripts/test.sh tests/unit -x`).
+# `bash scripts/test.sh tests/unit -x`). `--fast`: the lane a change needs, in under 2 minutes: the tests
+# marked neither integration, slow, vllm nor gpu (pyproject's markers), without lint or the docs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export HF_HUB_OFFLINE=1 WANDB_MODE=disabled RAY_AUTH_MODE=disabled TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+if [[ "${1:-}" == "--fast" ]]; then
+    shift
+    exec .venv/bin/python -m pytest tests -q -m "not integration and not slow and not vllm and not gpu" --durations=10 "$@"
+fi
 if [[ $# -gt 0 ]]; then
     exec .venv/bin/python -m pytest "$@"
 fi

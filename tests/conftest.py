@@ -89,3 +89,14 @@ def vllm_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     """One vLLM server for the session (`serve_vllm`)."""
     with serve_vllm(tiny_model, tmp_path_factory.mktemp("vllm") / "inference.log") as (url, _):
         yield url
+
+
+# Fixtures that start vLLM: a test that asks for one (directly or through another fixture) is marked
+# `vllm`, so that the fast lane (scripts/test.sh --fast) leaves it out without a mark per test.
+_VLLM_FIXTURES = {"vllm_server", "server"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if _VLLM_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.vllm)

@@ -15,7 +15,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -141,22 +141,35 @@ def metrics_file(path: Path) -> Path:
 
 def load_runs(path: Path, label: str) -> list[Run]:
     """The run at `path`; of a sweep ([[variants]]), each variant as a run of its own, `label/variant`."""
+    runs: dict[str | None, Run] = {}  # by variant, in the order they first appear
+    for where, row in _rows(path):
+        if bad := next((key for key, value in row.items() if not _drawable(value)), None):
+            raise MetricsError(f"{where}: {bad} is not a finite number up to 1e100: no plot can draw it")
+        variant = row.get("variant")
+        run = runs.setdefault(variant, Run(label if variant is None else f"{label}/{variant}"))
+        metrics = run.metrics.setdefault(row["component"], {})
+        for key, value in row.items():
+            if isinstance(value, int | float) and not isinstance(value, bool) and key != "step":
+                metrics.setdefault(key, {})[row["step"]] = float(value)
+    return list(runs.values()) or [Run(label)]
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The rows of the run folder's metrics.jsonl (or of `path`, the file), as written, NaN included:
+    the one reader of the file for the scripts that tabulate runs (summaries, benchmarks, reports).
+    MetricsError, naming file and line, for a line that is not a metrics row."""
+    return [row for _, row in _rows(path)]
+
+
+def _rows(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each row of the run's metrics.jsonl with where it stands (file:line)."""
     file = metrics_file(path)
     if not file.is_file():
         raise MetricsError(f"{path}: no {METRICS} (give a run folder or its {METRICS})")
-    runs: dict[str | None, Run] = {}  # by variant, in the order they first appear
     with open(file, "rb") as f:
         for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            row = metrics_row(line, f"{file}:{number}")
-            variant = row.get("variant")
-            run = runs.setdefault(variant, Run(label if variant is None else f"{label}/{variant}"))
-            metrics = run.metrics.setdefault(row["component"], {})
-            for key, value in row.items():
-                if isinstance(value, int | float) and not isinstance(value, bool) and key != "step":
-                    metrics.setdefault(key, {})[row["step"]] = float(value)
-    return list(runs.values()) or [Run(label)]
+            if line.strip():
+                yield f"{file}:{number}", metrics_row(line, f"{file}:{number}")
 
 
 def metrics_row(line: bytes, where: str) -> dict[str, Any]:
@@ -175,8 +188,6 @@ def metrics_row(line: bytes, where: str) -> dict[str, Any]:
         raise MetricsError(f"{where}: step {shown} is not a step of a run (0 to 2**53)")
     if not isinstance(row.get("variant"), str | None):
         raise MetricsError(f"{where}: variant is not a name (a string)")
-    if bad := next((key for key, value in row.items() if not _drawable(value)), None):
-        raise MetricsError(f"{where}: {bad} is not a finite number up to 1e100: no plot can draw it")
     return row
 
 

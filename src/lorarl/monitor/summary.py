@@ -1,6 +1,7 @@
 """A run in a few numbers: reward at the start and the end, evals of the first and last policy,
-grad norm and step time. The learning check, the seed experiments and summarize_run.py print these;
-they read metrics.jsonl through the plots' loader, so every reader agrees on what a run holds.
+grad norm, step time and the on-policy logprob mismatch. The learning check, the seed experiments and
+summarize_run.py print these; they read metrics.jsonl through the plots' loader, so every reader
+agrees on what a run holds.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ class RunSummary:
     evals: dict[str, tuple[float, float]]  # eval/<env>/avg@k or pass@k -> (first version, last version)
     grad_norm: float | None  # the trainer's mean grad norm over the run
     step_time: float | None  # the trainer's median seconds per step
+    # The largest |trainer - vLLM| logprob of a step trained on-policy (policy lag 0); None without one.
+    # A step with an empty batch (all groups had zero advantage) has neither lag nor mismatch.
+    on_policy_mismatch: float | None
 
     def eval_change(self, kind: str) -> str:
         """'0.100 → 0.400' for each eval metric whose name starts with `kind` ("avg@", "pass@")."""
@@ -45,6 +49,9 @@ def _summarize(run: Run, path: Path, window: int) -> RunSummary:
         evals[metric] = (values[0], values[-1])
     _, grad_norms = run.series("trainer", "grad_norm")
     _, step_times = run.series("trainer", "time/step")
+    trainer = run.metrics.get("trainer", {})
+    lags, mismatches = trainer.get("policy_lag/max", {}), trainer.get("mismatch/logprob_abs_diff", {})
+    on_policy = [mismatch for step, mismatch in mismatches.items() if lags.get(step) == 0]
     return RunSummary(
         steps=len(rewards),
         reward_first=statistics.fmean(rewards[:window]),
@@ -52,6 +59,7 @@ def _summarize(run: Run, path: Path, window: int) -> RunSummary:
         evals=evals,
         grad_norm=statistics.fmean(grad_norms) if grad_norms else None,
         step_time=statistics.median(step_times) if step_times else None,
+        on_policy_mismatch=max(on_policy, default=None),
     )
 
 

@@ -248,6 +248,7 @@ def test_a_port_in_use_is_named(ws: Workspace, port_taken: int, capsys: pytest.C
     assert f"inference.port: 127.0.0.1:{port_taken} is not free" in err
 
 
+@pytest.mark.slow  # over 20 s: out of the fast lane
 def test_the_installed_commands_refuse_alike(ws: Workspace) -> None:
     """Through the console scripts users run, from another folder: one line, exit code 2."""
     bin_dir = Path(sys.executable).parent

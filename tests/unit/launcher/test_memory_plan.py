@@ -175,6 +175,7 @@ def test_sft_dry_run_prints_the_plan_refuses_in_one_line_and_starts_nothing(tiny
     assert sorted(p.name for p in (tmp_path / "out" / "default").iterdir()) == [RECORD, MARKER]  # a dry run's
 
 
+@pytest.mark.slow  # over 20 s: out of the fast lane
 def test_trainer_estimate_within_a_quarter_of_measured_peaks() -> None:
     """Two corners of the grid of docs/memory_plan.md (whose script measures all of it), each in a
     subprocess of its own: the peak of live tensor memory over a real trainer step."""

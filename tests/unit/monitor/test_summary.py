@@ -1,5 +1,6 @@
 """A run's summary reads what the run logged: rewards at the start and end, the first and last
-evals, the trainer's grad norm and step time; a run without rewards is named in the error."""
+evals, the trainer's grad norm, step time and on-policy mismatch; a run without rewards is named in
+the error."""
 
 from __future__ import annotations
 
@@ -22,12 +23,21 @@ def test_summary_of_a_learning_run(tmp_path: Path) -> None:
     assert s.eval_change("pass@") == "0.400 → 0.800"
     assert s.grad_norm == pytest.approx(sum(1 / k + 0.1 for k in range(1, 7)) / 6)
     assert s.step_time == pytest.approx(1.05)
+    assert s.on_policy_mismatch is None  # every step trained one version behind
+
+
+def test_the_on_policy_mismatch_is_the_largest_of_the_steps_with_lag_0(tmp_path: Path) -> None:
+    rows = rl_rows(steps=4, learn=0.0, evals=False)
+    for row in rows:
+        if row["component"] == "trainer" and row["step"] in (1, 2):
+            row["policy_lag/max"] = 0
+    assert only(summarize(write_metrics(tmp_path / "run", rows))).on_policy_mismatch == pytest.approx(2e-6)
 
 
 def test_summary_without_evals_or_trainer_rows(tmp_path: Path) -> None:
     rows = [r for r in rl_rows(steps=3, learn=0.0, evals=False) if r["component"] == "orchestrator"]
     s = only(summarize(write_metrics(tmp_path / "run", rows)))
-    assert (s.steps, s.evals, s.grad_norm, s.step_time) == (3, {}, None, None)
+    assert (s.steps, s.evals, s.grad_norm, s.step_time, s.on_policy_mismatch) == (3, {}, None, None, None)
     assert s.eval_change("avg@") == "—"
 
 
