@@ -4,8 +4,9 @@ tokenizer) that transformers and vLLM load like any model, e.g. from the result 
 saved in the base model's dtype unless asked otherwise. An adapter trained on a 4-bit base
 (model.quantization) is merged into the full-precision base, and the merge says so. The output folder
 is checked before anything loads: only a new, empty or earlier merge folder is ever written, never
-through a link. An earlier merge is replaced by the files its MANIFEST.json lists (the record of what lorarl wrote there): a file a user
-added stays, unless the new merge writes one of that name, which is refused.
+through a link. An earlier merge is replaced by the files its MANIFEST.json lists (the record of what
+lorarl wrote there): a file a user added stays, unless the new merge writes one of that name, which is
+refused.
 """
 
 from __future__ import annotations
