@@ -41,7 +41,9 @@ def test_console_scripts_are_rl_sft_and_lorarl_prefixed() -> None:
 
     pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
     names = set(pyproject["project"]["scripts"])
-    assert names == {"rl", "sft"} | {f"lorarl-{n}" for n in ("plot", "merge", "trainer", "orchestrator", "inference")}
+    assert names == {"rl", "sft"} | {
+        f"lorarl-{n}" for n in ("plot", "merge", "trainer", "orchestrator", "inference", "serve")
+    }
     bin_dir = Path(sys.executable).parent
     assert all((bin_dir / n).exists() for n in names)
     assert not [n for n in ("merge", "trainer", "orchestrator", "inference") if (bin_dir / n).exists()]
