@@ -15,7 +15,7 @@ def test_micro_batches_pad_right_and_shift_masks_to_targets() -> None:
     # Aligned with targets input_ids[:, 1:]: the mask says whether the *predicted* token is trained.
     assert first.loss_mask.tolist() == [[False, True, True], [True, False, False]]
     assert torch.allclose(first.old_logprobs, torch.tensor([[0.0, -0.5, -0.6], [-0.9, 0.0, 0.0]]))
-    assert first.advantages.tolist() == [1.0, -1.0]
+    assert first.token_advantages.tolist() == [[1.0, 1.0, 1.0], [-1.0, 0.0, 0.0]]  # 0 on padding
     assert second.input_ids.tolist() == [[7, 8, 9]]
 
 
