@@ -24,24 +24,6 @@ from pathlib import Path
 ROWS = (("float32", "none"), ("float32", "nf4"), ("bfloat16", "none"), ("bfloat16", "nf4"))
 
 
-def resident_base_bytes(model: object) -> int:
-    """Bytes of every weight and 4-bit scale of `model` (a tied weight once)."""
-    import torch
-
-    assert isinstance(model, torch.nn.Module)
-    total, seen = 0, set()
-    for p in model.parameters():
-        if id(p) in seen:
-            continue
-        seen.add(id(p))
-        total += p.numel() * p.element_size()
-        state = getattr(p, "quant_state", None)
-        if state is not None:
-            extra = (state.state2.absmax, state.offset) if state.nested else ()
-            total += sum(t.numel() * t.element_size() for t in (state.absmax, *extra))
-    return total
-
-
 def rss_gib() -> float:
     import psutil
 
@@ -53,6 +35,7 @@ def measure(model_dir: str, dtype: str, quantization: str, tokens: int, steps: i
     import torch
 
     from lorarl.config.model import LoraConfig, ModelConfig
+    from lorarl.quantized_base import held_bytes
     from lorarl.trainer.model import apply_lora, load_model
 
     torch.manual_seed(0)
@@ -62,7 +45,7 @@ def measure(model_dir: str, dtype: str, quantization: str, tokens: int, steps: i
     base = load_model(cfg)
     load_s = time.perf_counter() - start
     row: dict[str, object] = {"dtype": dtype, "quantization": quantization, "load_s": round(load_s, 1)}
-    row["base_gib"] = resident_base_bytes(base) / 2**30
+    row["base_gib"] = held_bytes(base) / 2**30
     row["rss_after_load_gib"] = rss_gib() - before
     model = apply_lora(base, cfg.lora)  # type: ignore[arg-type]
     model.train()

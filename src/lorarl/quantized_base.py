@@ -163,6 +163,23 @@ def effective_weight(param: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return bnbf.dequantize_4bit(param.data, state).to(dtype)
 
 
+def held_bytes(model: torch.nn.Module) -> int:
+    """Bytes of every weight and 4-bit scale `model` holds (a tied weight once): what the base costs,
+    quantized or not (the measure of docs/qlora.md and its benchmark)."""
+    seen: set[int] = set()
+    total = 0
+    for p in model.parameters():
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        total += p.numel() * p.element_size()
+        state = getattr(p, "quant_state", None)
+        if state is not None:
+            extra = (state.state2.absmax, state.offset) if state.nested else ()
+            total += sum(t.numel() * t.element_size() for t in (state.absmax, *extra))
+    return total
+
+
 def served_state_dict(model: Any, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """Every weight of `model` (a tied one once) as the trainer computes with it, in `dtype`."""
     return {name: effective_weight(p, dtype).cpu().contiguous() for name, p in model.named_parameters()}

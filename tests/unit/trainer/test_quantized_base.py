@@ -17,26 +17,10 @@ from safetensors.torch import load_file
 pytest.importorskip("bitsandbytes")
 
 from lorarl.config.model import LoraConfig, ModelConfig  # noqa: E402
-from lorarl.quantized_base import BASE_NOTE, check_quantization, write_served_base  # noqa: E402
+from lorarl.quantized_base import BASE_NOTE, check_quantization, held_bytes, write_served_base  # noqa: E402
 from lorarl.trainer.model import apply_lora, load_model, save_adapter  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[3]
-
-
-def resident_bytes(model: torch.nn.Module) -> int:
-    """Bytes of every weight and 4-bit scale the model holds (a tied weight once)."""
-    seen: set[int] = set()
-    total = 0
-    for p in model.parameters():
-        if id(p) in seen:
-            continue
-        seen.add(id(p))
-        total += p.numel() * p.element_size()
-        state = getattr(p, "quant_state", None)
-        if state is not None:
-            for t in (state.absmax, *((state.state2.absmax, state.offset) if state.nested else ())):
-                total += t.numel() * t.element_size()
-    return total
 
 
 def effective_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -71,7 +55,7 @@ def test_quantized_load_holds_a_quarter_of_the_base_and_computes_as_the_served_c
     assert linear and all(isinstance(model.get_submodule(n), Linear4bit) for n in linear)
     assert isinstance(model.get_input_embeddings(), Embedding4bit)
     assert model.get_output_embeddings().weight is model.get_input_embeddings().weight  # still tied
-    assert resident_bytes(model) <= 0.35 * resident_bytes(full) / 2  # float32 base: <= 0.35x of bfloat16's
+    assert held_bytes(model) <= 0.35 * held_bytes(full) / 2  # float32 base: <= 0.35x of bfloat16's
 
     (tmp_path / "served").mkdir()
     write_served_base(nf4, tmp_path / "served")
