@@ -84,7 +84,7 @@ class InferenceConfig(Section):
     check. LoRA only: full fine-tuning's versions are not checked."""
     served_check_tolerance: float | None = Field(None, gt=0)
     """The largest |Δ logprob| of any probe token between a worker and the trainer that passes the
-    served-adapter check. None: follows model.dtype, 1e-3 for float32 and 0.25 for bfloat16/float16."""
+    served-adapter check. None: follows model.dtype, 1e-2 for float32 and 0.25 for bfloat16/float16."""
 
     worker_run_dirs: list[str] = []
     """The run folder as each worker's machine sees it (worker i: the i-th), where the orchestrator tells

@@ -37,8 +37,9 @@ from lorarl.run_folder import PROBE_FILE
 log = logging.getLogger("lorarl.orchestrator")
 
 # |Δ logprob| a worker may differ from the trainer by on any probe token, by model.dtype: fp32 on the
-# CPU agrees to ~1e-6; bf16/fp16 kernels (vLLM's vs the trainer's) differ by up to ~0.1-0.3 per token.
-TOLERANCE = {"float32": 1e-3, "bfloat16": 0.25, "float16": 0.25}
+# CPU agrees to ~1e-6 here but 1.7e-3 on CI's CPUs (a tiny model with large logits), while one step
+# moves the probe by 0.1-0.2; bf16/fp16 kernels (vLLM's vs the trainer's) differ by up to ~0.1-0.3.
+TOLERANCE = {"float32": 1e-2, "bfloat16": 0.25, "float16": 0.25}
 
 ExcludeFn = Callable[[InferenceClient, str], None]
 

@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from lorarl.config.run import RLConfig
 from lorarl.inference.pool import WorkerPool
-from lorarl.orchestrator.served_check import ServedCheckFailed
+from lorarl.orchestrator.served_check import TOLERANCE, ServedCheckFailed
 from lorarl.run_folder import PROBE_FILE
 from lorarl.serve.ops import BadRequest
 from lorarl.serve.sampling import Sampler, SamplerAdapter, SamplingParams
@@ -108,7 +108,9 @@ def run(setup: Setup, work: Callable[[Sampler], Awaitable[T]], capacity: int = 2
 
     async def go() -> T:
         pool = WorkerPool([setup.url], api_key=API_KEY, timeout=60.0)
-        sampler = Sampler(pool, str(setup.model), capacity, SEQ_LEN, setup.vocab, 1e-3 if check else None)
+        sampler = Sampler(
+            pool, str(setup.model), capacity, SEQ_LEN, setup.vocab, TOLERANCE["float32"] if check else None
+        )
         try:
             return await work(sampler)
         finally:
@@ -217,7 +219,7 @@ def test_prompt_logprobs_and_their_top_k(setup: Setup) -> None:
             assert top is not None and own is not None and len(top) == 3
             assert [lp for _, lp in top] == sorted((lp for _, lp in top), reverse=True) and top[-1][1] >= own - 1e-6
         # The model's logprobs whatever the temperature: compute_logprobs' (temperature 1) and the trainer's.
-        assert max_gap(result.prompt_logprobs, setup.adapters[2].logprobs) < 1e-3
+        assert max_gap(result.prompt_logprobs, setup.adapters[2].logprobs) < TOLERANCE["float32"]
         assert result.prompt_logprobs == await sampler.compute_logprobs(name, setup.prompt)
 
     run(setup, work)
@@ -229,7 +231,7 @@ def test_compute_logprobs_agrees_with_the_trainer(setup: Setup) -> None:
         tuned = await sampler.compute_logprobs(adapter(setup, 3, "logprobs"), setup.prompt)
         return [max_gap(base, setup.base_logprobs), max_gap(tuned, setup.adapters[3].logprobs)]
 
-    assert max(run(setup, work)) < 1e-3
+    assert max(run(setup, work)) < TOLERANCE["float32"]
     assert max(abs(a - b) for a, b in zip(setup.adapters[3].logprobs, setup.base_logprobs, strict=True)) > 0.1
 
 
@@ -262,7 +264,7 @@ def test_more_adapters_than_capacity_are_each_served_as_trained(setup: Setup) ->
         return gaps
 
     gaps = run(setup, work)
-    assert len(gaps) == 25 and max(gaps) < 1e-3
+    assert len(gaps) == 25 and max(gaps) < TOLERANCE["float32"]
     assert seen and max(seen) <= 2
 
 
@@ -273,7 +275,7 @@ def test_an_adapter_unloaded_behind_its_back_is_loaded_again(setup: Setup) -> No
         await sampler.pool.workers[0].unload_adapter(name.name)  # as a worker that restarted would have it
         return max_gap(await sampler.compute_logprobs(name, setup.prompt), setup.adapters[4].logprobs)
 
-    assert run(setup, work) < 1e-3
+    assert run(setup, work) < TOLERANCE["float32"]
 
 
 def test_an_adapter_that_fails_the_served_check_is_an_error_and_not_kept(setup: Setup, tmp_path: Path) -> None:
