@@ -4,8 +4,9 @@ tree, as a user who follows the pages types them. The first is the quickstart, s
 
 A block whose first line is `# <file>.py` or `# <file>.toml` is a file the page tells the reader to
 write: it is written into the copy before the commands that follow it. A command the pages repeat runs
-once. Not run: the test suite (scripts/test.sh, this test included) and the commands marked
-`# on the GPU machine`; their configs are still checked, by the `--dry-run` before them.
+once. Not run: the test suite and its fast lane (scripts/test.sh: the suite around this test runs each
+of their tests) and the commands marked `# on the GPU machine`; their configs are still checked, by the
+`--dry-run` before them.
 
 The copy gets the shared .venv, not one of its own: setting up takes minutes and a package index.
 """
@@ -27,7 +28,10 @@ from tests.conftest import REPO
 PAGES = ["README.md", "docs/getting_started.md", "docs/your_task.md"]
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 FILE_HEADER = re.compile(r"# ([\w.-]+\.(?:py|toml))\n")
-NOT_RUN = {"bash scripts/test.sh": "the whole test suite, this test included"}
+NOT_RUN = {
+    "bash scripts/test.sh": "the whole test suite, this test included",
+    "bash scripts/test.sh --fast": "the fast lane: the suite around this test runs each of its tests",
+}
 GPU_ONLY = "# on the GPU machine"
 
 
