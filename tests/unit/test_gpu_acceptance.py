@@ -41,6 +41,7 @@ def dry_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     return out, result.stdout
 
 
+@pytest.mark.slow
 def test_the_dry_run_plans_both_shapes_on_one_gpu(dry_run: tuple[Path, str]) -> None:
     out, stdout = dry_run
     assert "596.0M parameters, vocab 151,936" in stdout and "4.02B parameters, vocab 151,936" in stdout
@@ -55,6 +56,7 @@ def test_the_dry_run_plans_both_shapes_on_one_gpu(dry_run: tuple[Path, str]) -> 
     assert not (out / "models").exists() or not any((out / "models").iterdir())
 
 
+@pytest.mark.slow
 def test_without_a_gpu_it_stops_in_one_line(tmp_path: Path) -> None:
     result = run_script(tmp_path)
     assert result.returncode == 1
@@ -63,6 +65,7 @@ def test_without_a_gpu_it_stops_in_one_line(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.slow
 def test_the_report_puts_measured_peaks_beside_the_plan(dry_run: tuple[Path, str], tmp_path: Path) -> None:
     run = tmp_path / "run"
     (run / "configs").mkdir(parents=True)

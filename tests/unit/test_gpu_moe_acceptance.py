@@ -8,9 +8,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.unit.test_gpu_acceptance import REPO, run_script
 
 
+@pytest.mark.slow
 def test_the_dry_run_plans_expert_lora_on_the_small_moe(tmp_path: Path) -> None:
     result = run_script(tmp_path, "--dry-run", script=REPO / "scripts" / "gpu_moe_acceptance.sh")
     assert result.returncode == 0, result.stderr[-3000:]

@@ -52,6 +52,7 @@ def same_policy(one: dict, other: dict) -> bool:
     return one["mapped"] == other["mapped"] and abs(one["heap_mib"] - other["heap_mib"]) < 1
 
 
+@pytest.mark.slow
 def test_kept_freed_memory_under_32_mib_stays_in_the_heap() -> None:
     kept = probe("cpu", "keep")
     assert kept["mapped"]["1"] == 0.0 and kept["mapped"]["24"] == 0.0
@@ -61,16 +62,19 @@ def test_kept_freed_memory_under_32_mib_stays_in_the_heap() -> None:
     assert probe("none")["mapped"]["24"] >= 24  # glibc's default threshold is then 16 MiB
 
 
+@pytest.mark.slow
 def test_returned_freed_memory_leaves_the_process() -> None:
     returned = probe("cpu", "return")
     assert all(returned["mapped"][mib] >= int(mib) for mib in ("1", "24", "64"))
     assert probe("none")["mapped"]["1"] == 0.0  # glibc's default: 1 MiB sits in the heap
 
 
+@pytest.mark.slow
 def test_tensors_not_on_the_cpu_leave_malloc_as_it_is() -> None:
     assert same_policy(probe("gpu", "return"), probe("none"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("keep", [True, False])
 def test_a_process_started_with_the_tunables_gets_the_same_policy(keep: bool) -> None:
     """vLLM's workers get the policy through their environment: the same result as mallopt in-process."""
@@ -78,6 +82,7 @@ def test_a_process_started_with_the_tunables_gets_the_same_policy(keep: bool) ->
     assert probe("none", env=env)["mapped"] == probe("cpu", "keep" if keep else "return")["mapped"]
 
 
+@pytest.mark.slow
 def test_malloc_settings_in_the_environment_win(monkeypatch: pytest.MonkeyPatch) -> None:
     mine = "glibc.malloc.arena_max=2"
     monkeypatch.setenv("GLIBC_TUNABLES", mine)

@@ -6,7 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 
+
+@pytest.mark.slow
 def test_transformers_qwen3_and_vllm_import_together() -> None:
     # A fresh interpreter: import order and side effects as in a real `rl` process.
     code = "from transformers import Qwen3ForCausalLM; import vllm, peft; print(vllm.__version__)"
@@ -34,6 +37,7 @@ def test_lorarl_plot_console_script(tmp_path: Path) -> None:
     assert out.stdout.splitlines() == [str(run / "plots" / "overview.png"), str(run / "plots" / "sft_loss.png")]
 
 
+@pytest.mark.slow
 def test_console_scripts_are_rl_sft_and_lorarl_prefixed() -> None:
     """Generic names (merge, trainer, orchestrator, inference) would collide with other tools on a
     user's PATH: every command but rl and sft carries the lorarl- prefix, and the old names are gone."""

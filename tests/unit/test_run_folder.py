@@ -179,6 +179,7 @@ while True:
 """
 
 
+@pytest.mark.slow
 def test_killed_writers_never_leave_a_partial_checkpoint_or_adapter(tmp_path: Path) -> None:
     """100 writers killed (SIGKILL) at random moments: each time, what a reader would take is whole."""
     rng = random.Random(0)

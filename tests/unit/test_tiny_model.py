@@ -79,6 +79,7 @@ def test_a_custom_vocabulary_and_the_default_one(tmp_path: Path) -> None:
     assert AutoModelForCausalLM.from_pretrained(plain).config.vocab_size == 259
 
 
+@pytest.mark.slow
 def test_the_cli_refuses_a_dtype_without_a_shape(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "lorarl.tiny_model", str(tmp_path / "m"), "--dtype", "bfloat16"],
@@ -90,6 +91,7 @@ def test_the_cli_refuses_a_dtype_without_a_shape(tmp_path: Path) -> None:
     assert not (tmp_path / "m").exists()
 
 
+@pytest.mark.slow
 def test_the_cli_refuses_a_custom_width_with_a_shape(tmp_path: Path) -> None:
     cmd = [
         sys.executable,
@@ -106,6 +108,7 @@ def test_the_cli_refuses_a_custom_width_with_a_shape(tmp_path: Path) -> None:
     assert not (tmp_path / "m").exists()
 
 
+@pytest.mark.slow
 def test_a_config_only_shape_has_no_weights_but_its_full_size(tmp_path: Path) -> None:
     out = tmp_path / "m"
     cmd = [

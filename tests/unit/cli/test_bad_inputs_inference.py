@@ -161,6 +161,7 @@ CASES: list[Case] = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("command", "args", "names"), CASES, ids=case_ids(CASES))
 def test_bad_inference_input_is_refused_in_one_line_within_seconds(
     ws: Workspace, capsys: pytest.CaptureFixture[str], command: str, args: Callable[[Workspace], list[str]], names: str

@@ -327,6 +327,7 @@ def test_a_plugin_that_is_not_declared_or_does_not_fit_is_refused_unrun(
     assert not list(ws.root.glob("called-*"))  # no user function ran (assert_refused sees all the rest)
 
 
+@pytest.mark.slow
 def test_the_installed_rl_refuses_an_undeclared_plugin_and_never_calls_it(ws: Workspace) -> None:
     """Through the console script, as a user runs it from their own folder: with --dry-run and
     without (a real start makes the same checks first), `shutil:rmtree` of the user's folder is refused

@@ -69,6 +69,7 @@ def test_a_role_run_alone_honours_dry_run(ws: Workspace, capsys: pytest.CaptureF
     assert ws.snapshot() == before
 
 
+@pytest.mark.slow
 def test_the_orchestrator_alone_stops_on_ctrl_c_while_waiting_for_unreachable_workers(
     tmp_path: Path, ws: Workspace
 ) -> None:

@@ -70,6 +70,7 @@ def test_a_frozen_worker_is_routed_around_logged_and_put_back(caplog: pytest.Log
     assert f"{frozen.url} is back in routing after" in log
 
 
+@pytest.mark.slow
 def test_a_freeze_shorter_than_a_long_generations_timeout_is_found_by_the_watchdog(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -95,6 +95,7 @@ def test_vllm_without_room_for_one_sequence_is_refused() -> None:
     assert "inference.gpu_memory_utilization" in problem and "inference.tensor_parallel_size" in problem
 
 
+@pytest.mark.slow
 def test_sharing_a_gpu_leaves_the_trainer_the_rest_of_it() -> None:
     one = REPO / "configs/gpu/alphabet_sort/1gpu.toml"
     plan = plan_of(recipe(one), 1)
@@ -149,6 +150,7 @@ def assert_refused_in_one_line(result: subprocess.CompletedProcess[str], start: 
     assert err.startswith(f"error: memory plan: {start}") and err.count("\n") == 1 and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_rl_dry_run_prints_the_plan_and_refuses_in_one_line(tmp_path: Path) -> None:
     args = ["@", str(MATH_8GPU), "--dry-run", "--dry-run-devices", "8", "--output_dir", str(tmp_path)]
     result = console("rl", *args, cwd=REPO)
@@ -160,6 +162,7 @@ def test_rl_dry_run_prints_the_plan_and_refuses_in_one_line(tmp_path: Path) -> N
     assert "lower trainer.micro_batch_size" in refused.stderr
 
 
+@pytest.mark.slow
 def test_sft_dry_run_prints_the_plan_refuses_in_one_line_and_starts_nothing(tiny_model: Path, tmp_path: Path) -> None:
     data = tmp_path / "data.jsonl"
     data.write_text('{"prompt": "ab", "completion": "ba"}\n')

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from lorarl.config.loader import load_config
 from lorarl.config.model import LoraConfig
 from lorarl.config.run import RLConfig
@@ -19,6 +21,7 @@ RECIPE = REPO / "configs/gpu/moe_math/8gpu.toml"
 QWEN3_30B_A3B = "Qwen/Qwen3-30B-A3B"
 
 
+@pytest.mark.slow
 def test_expert_lora_counts_every_expert_at_peft_ranks() -> None:
     """Per layer: 128 experts x (gate_up_proj at 2r: 2r (2048 + 2 x 768), down_proj at r: r (768 + 2048)),
     beside attention's r (d_in + d_out) per projection (32 query and 4 key/value heads of 128)."""
@@ -32,6 +35,7 @@ def test_expert_lora_counts_every_expert_at_peft_ranks() -> None:
     assert expert_lora("Qwen/Qwen3-4B", LoraConfig()) == []  # dense
 
 
+@pytest.mark.slow
 def test_the_moe_recipe_fits_with_expert_lora_in_every_process() -> None:
     cfg = load_config(RLConfig, ["@", str(RECIPE)])
     assert cfg.model.name == QWEN3_30B_A3B and cfg.lora.target_modules == LoraConfig().target_modules

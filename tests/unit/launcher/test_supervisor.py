@@ -57,6 +57,7 @@ def test_a_restart_first_stops_what_the_dead_leader_left(sup: Supervisor, caplog
     assert second.poll() is None and sup.failed() is None
 
 
+@pytest.mark.slow
 def test_a_member_deaf_to_sigterm_is_killed_after_the_grace_period(sup: Supervisor) -> None:
     proc = sup.start(leader("trainer", deaf=True))
     member = member_pid(sup, "trainer")

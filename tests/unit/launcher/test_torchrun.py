@@ -6,6 +6,8 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from lorarl.exit_codes import TRAINING_STOPPED
 from lorarl.launcher.plan import torchrun
 
@@ -30,12 +32,14 @@ def ranks(tmp_path: Path, how: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*torchrun(2), str(script), how], capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_ranks_that_stop_leave_their_one_line_and_exit_code(tmp_path: Path) -> None:
     result = ranks(tmp_path, "stop")
     assert result.returncode == TRAINING_STOPPED, result.stderr
     assert [line for line in result.stderr.splitlines() if line.strip()] == ["error: step 2: training stopped"]
 
 
+@pytest.mark.slow
 def test_a_killed_rank_is_said_in_one_line_and_its_signal_is_the_exit_code(tmp_path: Path) -> None:
     result = ranks(tmp_path, "kill")
     assert result.returncode == 128 + 9, result.stderr

@@ -19,6 +19,7 @@ SAMPLES = [
 ]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_log_table_writes_a_wandb_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     for var in ("WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"):  # nothing outside tmp_path
         monkeypatch.setenv(var, str(tmp_path / var.lower()))
@@ -44,6 +45,7 @@ def test_log_table_without_wandb_does_nothing(tmp_path: Path, wandb: WandbConfig
     assert list(tmp_path.iterdir()) == []  # no table in metrics.jsonl, no wandb folder
 
 
+@pytest.mark.slow
 def test_a_variants_rows_and_wandb_keys_carry_its_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     for var in ("WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"):
         monkeypatch.setenv(var, str(tmp_path / var.lower()))

@@ -63,6 +63,7 @@ def assert_png(path: Path) -> None:
     assert height > 300 and width > 300, path
 
 
+@pytest.mark.slow
 def test_rl_and_sft_runs_overlaid(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     fast = write_metrics(tmp_path / "fast", rl_rows(5, 0.15, evals=True))
     slow = write_metrics(tmp_path / "slow", rl_rows(5, 0.05, evals=False))
@@ -81,6 +82,7 @@ def test_rl_and_sft_runs_overlaid(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert height > width
 
 
+@pytest.mark.slow
 def test_panels_without_data_are_not_drawn(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = write_metrics(tmp_path / "no-evals", rl_rows(5, 0.1, evals=False))
     main([str(run)])  # default --out: the run's plots/
@@ -135,6 +137,7 @@ def test_runs_sharing_a_folder_name_are_labelled_by_path(tmp_path: Path) -> None
     assert run_labels([a, b]) == [str(a), str(b)]
 
 
+@pytest.mark.slow
 def test_runs_as_a_command_without_a_display(tmp_path: Path) -> None:
     # A process of its own, as the console script runs it, with no display and no backend chosen.
     run = write_metrics(tmp_path / "cmd", sft_rows(3))
@@ -146,6 +149,7 @@ def test_runs_as_a_command_without_a_display(tmp_path: Path) -> None:
     assert_png(run / "plots" / "overview.png")
 
 
+@pytest.mark.slow
 def test_a_sweeps_variants_are_drawn_as_runs_of_their_own(tmp_path: Path) -> None:
     rows = [row | {"variant": name} for name, learn in (("r1", 0.01), ("r64", 0.1)) for row in rl_rows(4, learn, True)]
     sweep = write_metrics(tmp_path / "sweep", rows)

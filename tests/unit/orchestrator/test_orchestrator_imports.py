@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 # Checked in a fresh interpreter: in the test process other tests may have imported anything.
 PROBE = """
 import json, sys
@@ -14,6 +16,7 @@ print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in ("peft", "t
 """
 
 
+@pytest.mark.slow
 def test_importing_the_orchestrator_loads_no_trainer_peft_or_fsdp() -> None:
     result = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, check=True)
     modules = json.loads(result.stdout)

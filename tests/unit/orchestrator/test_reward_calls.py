@@ -90,6 +90,7 @@ def test_a_reward_raising_a_base_exception_is_an_error_not_an_exit(error: str) -
     assert asyncio.run(env.score(Episode({}, [])))["reward_errors"] == 1
 
 
+@pytest.mark.slow
 def test_a_process_whose_reward_never_returns_exits_after_scoring() -> None:
     script = textwrap.dedent(
         """

@@ -90,6 +90,7 @@ def test_packed_sdpa_with_gradient_checkpointing_trains_as_the_dense_mask_does(l
         torch.testing.assert_close(g, g_dense, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_flex_attention_gives_the_logprobs_of_the_dense_mask_and_does_not_train_on_the_cpu() -> None:
     model = tiny_model()
     samples = grouped_samples(model.config.vocab_size, seed=1) + random_samples(3, model.config.vocab_size, seed=2)

@@ -81,6 +81,7 @@ def test_served_base_is_the_trainers_weights_bit_for_bit(nf4: ModelConfig, tmp_p
     assert "quantization_config" not in json.loads((tmp_path / "config.json").read_text())
 
 
+@pytest.mark.slow
 def test_adapter_on_a_quantized_base_trains_and_merges_into_the_full_precision_base(
     nf4: ModelConfig, tiny_model: Path, tmp_path: Path
 ) -> None:
@@ -143,10 +144,12 @@ def cli_error(command: str, *args: str) -> str:
         ("sft", ["--model.quantization", "nf4", "--data.path", "x.jsonl"], "[model.lora]"),
     ],
 )
+@pytest.mark.slow
 def test_bad_quantization_is_one_line(tiny_model: Path, command: str, args: list[str], said: str) -> None:
     assert said in cli_error(command, "--model.name", str(tiny_model), *args, "--dry-run")
 
 
+@pytest.mark.slow
 def test_rl_serves_the_run_folders_copy_under_the_model_name(tiny_model: Path, tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), *sys.path])}
     args = ["--model.name", str(tiny_model), "--model.quantization", "nf4", "--output_dir", str(tmp_path)]

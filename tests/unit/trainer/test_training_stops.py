@@ -40,6 +40,7 @@ def sft_args(model: Path, data: Path, out: Path, *more: str) -> list[str]:
 @pytest.mark.parametrize(
     "parallel", [[], ["--parallel.dp", "2", "--parallel.fsdp"]], ids=["one process", "two fsdp ranks"]
 )
+@pytest.mark.slow
 def test_sft_whose_weights_overflow_stops_in_one_line_and_writes_no_result(
     tiny_model: Path, sft_data: Path, tmp_path: Path, parallel: list[str]
 ) -> None:
@@ -94,6 +95,7 @@ def test_rl_whose_weights_overflow_writes_no_adapter_of_them(tiny_model: Path, t
     assert run.broadcast(0).is_dir() and not run.broadcast(1).exists() and not run.checkpoint_steps()
 
 
+@pytest.mark.slow
 def test_the_rl_trainer_ends_a_stop_with_the_exit_code_rl_does_not_restart(tiny_model: Path, tmp_path: Path) -> None:
     """`lorarl-trainer`, the installed script `rl` starts, exits TRAINING_STOPPED with its one line:
     `rl` neither restarts it (auto_resume, tests/unit/launcher/test_launch_failures.py) nor shows more."""

@@ -117,6 +117,7 @@ def test_no_variant_touches_another_variants_gradients_or_optimizer(tiny_model: 
     assert state and all(id(p) in {id(q) for q in params["b"].values()} for p in state)
 
 
+@pytest.mark.slow
 def test_a_resumed_sweep_trains_the_adapters_of_an_uninterrupted_one(tiny_model: Path, tmp_path: Path) -> None:
     """Stopped after step 2 (each variant's checkpoint), resumed, fed the same batch 3: the same adapters."""
 

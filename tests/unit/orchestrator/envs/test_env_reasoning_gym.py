@@ -103,6 +103,7 @@ def test_the_prompt_is_the_system_prompt_then_the_question() -> None:
     assert "<answer>" in default  # reasoning-gym's own default asks for the tag
 
 
+@pytest.mark.slow
 def test_task_weights_of_a_mix_are_respected() -> None:
     env = load_environment("reasoning_gym", {"tasks": {"leg_counting": 1.0, "basic_arithmetic": 3.0}})
     assert env.name == "reasoning_gym"
@@ -169,6 +170,7 @@ def test_the_docs_examples_pass_the_check() -> None:
         check_environment(env["id"], env["args"])
 
 
+@pytest.mark.slow
 def test_make_sft_data_writes_solutions(tmp_path: Path) -> None:
     out = tmp_path / "legs.jsonl"
     cmd = [sys.executable, str(REPO / "scripts" / "make_sft_data.py"), "--env", "reasoning_gym:leg_counting",

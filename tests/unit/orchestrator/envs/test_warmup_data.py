@@ -64,6 +64,7 @@ def search_example(question: str) -> dict[str, Any]:
         ("search", {"max_turns": 3, "top_k": 2}, search_example, "answer_match"),
     ],
 )
+@pytest.mark.slow
 def test_tool_warmup_episodes_are_whole_tool_episodes_with_their_schemas(
     tmp_path: Path, env_id: str, args: dict[str, Any], rebuild: Any, reward: str
 ) -> None:
@@ -83,6 +84,7 @@ def test_tool_warmup_episodes_are_whole_tool_episodes_with_their_schemas(
         assert scores["reward"] == 1.0 and scores["used_tools"] == 1.0 and scores["tool_malformed"] == 0.0
 
 
+@pytest.mark.slow
 def test_guessing_warmup_records_answer_at_once_with_another_questions_answer(tmp_path: Path) -> None:
     """--guess-frac: that share of the records answer without a tool call, with another document's
     answer (wrong, so reward 0, unless it drew its own); the rest stay whole correct episodes."""
@@ -107,6 +109,7 @@ def test_guessing_warmup_records_answer_at_once_with_another_questions_answer(tm
     assert all(len(r["messages"]) == 5 for r in records if r not in guesses)
 
 
+@pytest.mark.slow
 def test_no_tools_records_are_the_same_episodes_without_the_schemas(tmp_path: Path) -> None:
     """--no-tools (calculator's first warm-up stage): the same episodes, and no "tools", so the chat
     template renders them without its tools block."""
@@ -117,6 +120,7 @@ def test_no_tools_records_are_the_same_episodes_without_the_schemas(tmp_path: Pa
     assert all("tools" in r for r in with_tools) and not any("tools" in r for r in without)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flags", [["--guess-frac", "0.3"], ["--no-tools"]], ids=lambda f: f[0])
 def test_tool_flags_need_an_environment_with_tools(tmp_path: Path, flags: list[str]) -> None:
     cmd = [sys.executable, str(REPO / "scripts" / "make_sft_data.py"), "--env", "reverse_text", *flags,
