@@ -39,6 +39,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from lorarl import run_identity
 from lorarl.written import (
     MANIFEST,
     STABLE,
@@ -246,6 +247,7 @@ class RunFolder:
                 "choose another output_dir or run_name"
             )
         previous = None if marker is None or marker.get("dry_run") else marker
+        changes: list[str] = []
         if resume:
             if previous is None:
                 raise RunFolderError(f"--resume: {self.root} holds no run to resume")
@@ -258,17 +260,20 @@ class RunFolder:
             )
         if marker is not None:
             self._refuse_unwritten("--resume" if resume else "--overwrite" if overwrite else "a new run")
+        if resume and previous is not None:
+            changes = self._resume_changes(previous, config)
+        said = f"; changed since the run started: {'; '.join(changes)}" if changes else ""
         if dry_run:
             if marker is None:
                 self._make_root()
                 self._write_marker(kind, config, None, dry_run=True)
-            return f"dry run: {self.root} checked, nothing cleared"
+            return f"dry run: {self.root} checked, nothing cleared{said}"
         if marker is not None:  # the folder is locked (is_alive above): no write of the run is under way
             self.remove_interrupted_checkpoint_writes()
         if resume:
             self.clear_regenerated()
             self._rotate_logs()
-            done = f"resuming the {kind} run in {self.root}"
+            done = f"resuming the {kind} run in {self.root}{said}"
         elif marker is not None:
             remove_written(self.root, _OUTPUTS)
             done = f"cleared the previous run's outputs in {self.root} (the files lorarl wrote there)"
@@ -369,6 +374,16 @@ class RunFolder:
             return None
         return marker if isinstance(marker, dict) and marker.get("lorarl") else None
 
+    def _resume_changes(self, previous: dict[str, Any], config: dict[str, Any]) -> list[str]:
+        """What a resume changes that may change; raises RunFolderError for what may not (run_identity)."""
+        refused, changed = run_identity.compare(previous, run_identity.record(config))
+        if refused:
+            raise RunFolderError(
+                f"--resume: {self.root} was trained otherwise: {'; '.join(refused)}. A resume continues the "
+                "same run: set these back, or start a new run (another run_name, or --overwrite)"
+            )
+        return changed
+
     def _write_marker(
         self, kind: str, config: dict[str, Any], previous: dict[str, Any] | None, dry_run: bool = False
     ) -> None:
@@ -382,6 +397,7 @@ class RunFolder:
             "started": previous["started"] if previous else now,
             "resumed": [*previous.get("resumed", []), now] if previous else [],
             **({"dry_run": True} if dry_run else {}),
+            **run_identity.record(config),
         }
         write_file_atomically(self.marker, json.dumps(marker, indent=2) + "\n")
 

@@ -31,8 +31,14 @@ def test_resume_continues_after_the_checkpoint(tiny_model: Path, vllm_server: st
     first = run_rl(config("stopped", 2))
     assert first.returncode == 0, first.stderr[-3000:]
     assert (tmp_path / "stopped" / "checkpoints" / "step_2" / "orchestrator" / "state.json").is_file()
+    # Another adapter shape is another run: refused in one line by the dry run, before anything starts.
+    rank = json.loads(config("stopped", 4).read_text())["model"]["lora"]["rank"]
+    reshaped = run_rl(config("stopped", 4), "--resume", "--dry-run", "--model.lora.rank", str(2 * rank))
+    assert reshaped.returncode == 2 and f"model.lora.rank: {rank} -> {2 * rank}" in reshaped.stderr, reshaped.stderr
+    assert "Traceback" not in reshaped.stderr
     resumed = run_rl(config("stopped", 4), "--resume")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "changed since the run started: max_steps: 2 -> 4" in resumed.stderr, resumed.stderr[-3000:]
 
     run = tmp_path / "stopped"
     for component in ("trainer", "orchestrator"):
