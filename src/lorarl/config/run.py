@@ -44,6 +44,13 @@ class MonitorConfig(Section):
     wandb: WandbConfig | None = None
     """Mirror the metrics to Weights & Biases; absent: no wandb. A [monitor.wandb] table, even empty,
     turns it on."""
+    stall_warning: float = Field(300, gt=0)
+    """`rl`: seconds with no new step (in metrics.jsonl) before the console says, in one line, which
+    process the run waits on and for how long, with that process's last log line; said again every
+    as many seconds while the wait lasts."""
+    stall_stop: float | None = Field(3600, gt=0)
+    """`rl`: seconds with no new step before the run is stopped (exit code 1), a frozen process or a
+    reward that never returns included. None: never. Both need monitor.jsonl."""
 
 
 class RunFolderConfig(Section):

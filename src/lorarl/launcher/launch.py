@@ -29,6 +29,7 @@ from lorarl.inference.server import worker_urls
 from lorarl.launcher.placement import Placement
 from lorarl.launcher.plan import ProcessSpec, plan_run
 from lorarl.launcher.ray_cluster import ClusterError, RayCluster  # imports Ray only once a run uses it
+from lorarl.launcher.stall_watch import StallWatch
 from lorarl.launcher.supervisor import Supervisor
 from lorarl.monitor.console import StepPrinter
 from lorarl.run_folder import RunFolder, RunFolderError
@@ -103,11 +104,22 @@ def supervise(
         start(supervisor, spec)
 
     printer = StepPrinter(run.metrics, cfg.max_steps)
+    watch = StallWatch(
+        cfg.monitor.stall_warning,
+        cfg.monitor.stall_stop,
+        lambda role: (supervisor.log_path(role), supervisor.tail(role)),
+    )
     restarts: Counter[str] = Counter()
     while True:
-        if cfg.monitor.console:
-            for line in printer.poll():
+        for line in printer.poll():
+            if cfg.monitor.console:
                 print(line, flush=True)
+        watch.steps(printer.latest)
+        said, stop = watch.check() if cfg.monitor.jsonl else (None, False)
+        if said:
+            (log.error if stop else log.warning)("%s", said)
+        if stop:
+            return exit_codes.FAILED
         if supervisor.finished([s.name for s in roles]):
             log.info("run finished: %s", run.root)
             return exit_codes.OK
@@ -137,6 +149,7 @@ def supervise(
                     auto_resume,
                 )
                 roles = resume_roles(cfg, run, roles, supervisor, placement)
+                watch.restart()
             else:
                 return report_failure(supervisor, name, code)
         time.sleep(0.5)

@@ -24,6 +24,8 @@ class StepPrinter:
         self._orchestrator: dict[tuple[str | None, int], dict[str, Any]] = {}
         # Per variant, the newest version's served-adapter check (served_check.py).
         self._served: dict[str | None, dict[str, Any]] = {}
+        # The newest step of the trainer and the orchestrator (any variant): the progress watchdog's.
+        self.latest: dict[str, int] = {}
 
     def poll(self) -> list[str]:
         """Lines for the trainer steps logged since the last call."""
@@ -42,6 +44,8 @@ class StepPrinter:
         out = []
         for row in filter(None, map(_parse, complete.splitlines())):
             key = (row.get("variant"), row["step"])
+            if row["component"] in ("trainer", "orchestrator"):
+                self.latest[row["component"]] = max(row["step"], self.latest.get(row["component"], -1))
             if row["component"] == "orchestrator":
                 self._orchestrator[key] = row
             elif row["component"] == "served" and row["step"] >= self._served.get(key[0], {}).get("step", -1):
