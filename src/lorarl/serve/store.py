@@ -40,9 +40,9 @@ CREATE TABLE IF NOT EXISTS checkpoints (
     path TEXT PRIMARY KEY, owner TEXT NOT NULL, model_id TEXT NOT NULL, kind TEXT NOT NULL,
     name TEXT NOT NULL, folder TEXT NOT NULL, created REAL NOT NULL, size_bytes INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS requests (
-    id TEXT PRIMARY KEY, owner TEXT NOT NULL, dedupe TEXT UNIQUE, kind TEXT NOT NULL,
+    id TEXT PRIMARY KEY, owner TEXT NOT NULL, dedupe TEXT, kind TEXT NOT NULL,
     status TEXT NOT NULL, result BLOB, content_type TEXT, error TEXT, category TEXT,
-    created REAL NOT NULL, finished REAL);
+    created REAL NOT NULL, finished REAL, UNIQUE (owner, dedupe));
 """
 PENDING, DONE, FAILED = "pending", "done", "failed"
 

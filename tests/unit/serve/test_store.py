@@ -22,6 +22,15 @@ def test_a_retried_request_gets_the_first_ones_id(tmp_path: Path) -> None:
     assert store.db.execute("SELECT COUNT(*) FROM requests WHERE dedupe = 'm#1'").fetchone()[0] == 1
 
 
+def test_a_retry_key_is_each_owners_own(tmp_path: Path) -> None:
+    """Another tenant sending the same key gets a request of its own, not an error or A's request."""
+    store = Store(tmp_path / "serve.sqlite")
+    mine, _ = store.submit(A, "optim_step", "m#1")
+    theirs, new = store.submit(B, "optim_step", "m#1")
+    assert new and theirs != mine
+    assert store.submit(B, "optim_step", "m#1") == (theirs, False)
+
+
 def test_another_owners_ids_are_not_found(tmp_path: Path) -> None:
     store = Store(tmp_path / "serve.sqlite")
     session = store.create_session(A)
