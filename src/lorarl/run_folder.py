@@ -426,6 +426,13 @@ def remove_interrupted_writes(folder: Path) -> None:
             shutil.rmtree(entry)
 
 
+def broadcast_version(folder: Path) -> tuple[str | None, int]:
+    """The variant (None: the run's one adapter) and version of an adapter folder the run wrote,
+    broadcasts/[<variant>/]step_N (RunFolder.broadcast)."""
+    variant = folder.parent.name if folder.parent.name != "broadcasts" else None
+    return variant, int(folder.name.removeprefix("step_"))
+
+
 def step_folders(parent: Path) -> list[int]:
     """The N of every `step_N` entry in `parent` (none if it does not exist)."""
     if not parent.is_dir():

@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 from lorarl.inference.client import InferenceClient, InferenceError
 from lorarl.monitor.metrics import MetricsLogger
-from lorarl.run_folder import PROBE_FILE
+from lorarl.run_folder import PROBE_FILE, broadcast_version
 
 log = logging.getLogger("lorarl.orchestrator")
 
@@ -93,13 +93,6 @@ def read_probe_file(folder: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def version_of(folder: Path) -> tuple[str | None, int]:
-    """The variant (None: the run's one adapter) and version of a broadcast folder,
-    broadcasts/[<variant>/]step_N."""
-    variant = folder.parent.name if folder.parent.name != "broadcasts" else None
-    return variant, int(folder.name.removeprefix("step_"))
-
-
 async def served_logprobs(worker: InferenceClient, name: str, sequences: list[list[int]]) -> list[list[float]]:
     """log p(token | tokens before it) of every token but the first of each sequence, as `worker`
     serves the model `name` (one request per sequence, sent together)."""
@@ -137,7 +130,7 @@ class ServedCheck:
         probe = read_probe_file(folder)
         if probe is None:  # written without one: a trainer with served_check "off"
             return
-        (variant, version), start = version_of(folder), time.perf_counter()
+        (variant, version), start = broadcast_version(folder), time.perf_counter()
         gaps = await self._gaps(worker, name, probe)
         if gaps.problem(self.tolerance) is not None:
             log.warning("%s, version %d: %s; reloading it once", worker.base_url, version, gaps.figures())
