@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> None:
         os.execv(sys.executable, [*torchrun(cfg.parallel.dp), "-m", "lorarl.cli.sft", *args])
     from lorarl.trainer.sft import train  # torch and transformers load only once the config is valid
     from lorarl.trainer.sft_data import DataError
-    from lorarl.trainer.skeleton import TrainingStopped
+    from lorarl.trainer.update_watch import TrainingStopped
 
     try:
         train(cfg)

@@ -16,7 +16,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg = role_config_or_exit(argv, "trainer")
     setup_logging("trainer")
     from lorarl.trainer.rl import train
-    from lorarl.trainer.skeleton import TrainingStopped
+    from lorarl.trainer.update_watch import TrainingStopped
 
     try:
         train(cfg)

@@ -86,7 +86,7 @@ from lorarl.trainer.model import (
 )
 from lorarl.trainer.packing import ForwardPasses, PackedBatch
 from lorarl.trainer.probe import attach_probe
-from lorarl.trainer.skeleton import largest_weight
+from lorarl.trainer.update_watch import largest_weight
 from lorarl.written import manifest_problem
 
 log = logging.getLogger("lorarl.serve.engine")

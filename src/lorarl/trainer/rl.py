@@ -137,7 +137,7 @@ def train_step(
             **gap,
             **({"policy_lag/mean": sum(lags) / len(lags), "policy_lag/max": max(lags)} if lags else {}),
             "samples": len(samples),
-            "skipped_steps": trainer.skipped_steps,
+            "skipped_steps": trainer.watch.skipped_steps,
             "tokens": loss_tokens,
             "tokens_per_s": loss_tokens / max(1e-9, t_end - t_batch),
             "memory/peak_gib": peak_memory_gib(device),

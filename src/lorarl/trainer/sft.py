@@ -11,7 +11,7 @@ the weights over them (fsdp.py), LoRA or full fine-tuning alike. Set-up, resume,
 data-parallel forward/backward pass and the optimizer step are the skeleton's that RL shares
 (skeleton.py); this loop adds the data order, the NLL loss, evaluation and the result folder.
 A run whose update made weights NaN or infinite, or whose gradient stays 0 (too high a learning
-rate), stops there (skeleton.py's `TrainingStopped`): no checkpoint, eval or `final/` from them.
+rate), stops there (update_watch.py's `TrainingStopped`): no checkpoint, eval or `final/` from them.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def train(cfg: SFTConfig) -> Path:
                     "tokens_per_s": tokens_per_s,
                     "padding_frac": 1 - tokens / totals["padded_tokens"],
                     "epoch": order.epoch,
-                    "skipped_steps": trainer.skipped_steps,
+                    "skipped_steps": trainer.watch.skipped_steps,
                     "time/step": elapsed,
                 }
             if data.eval and (step % cfg.eval.interval == 0 or step == cfg.max_steps):

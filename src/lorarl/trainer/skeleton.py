@@ -10,26 +10,21 @@ only what differs: where a step's samples come from, its loss, and what is writt
   step's samples (every rank reads them all, so loss denominators are global) and the loss of one
   forward pass; it trains this rank on its share, in as many passes as every other rank makes, and
   sums gradients and stats over the ranks, so that every rank ends the step with the same numbers.
-* `Trainer.optimizer_step` clips the gradient, steps, and returns the gradient norm and the lr. It
-  stops the run (`TrainingStopped`) where training has gone wrong beyond repair: an update that made
-  a weight NaN or infinite, too many non-finite gradients in a row, or a gradient that stays exactly
-  0 on steps that had something to learn from (saturated weights). Whether the weights are finite is
-  one reduction on the device per step, read with the next step's gradient norm, or by
-  `Trainer.check_weights` before anything reads the weights out: no wait for the device that the
-  step did not make already, and no adapter, checkpoint or result written from non-finite weights.
+* `Trainer.optimizer_step` clips the gradient, steps, and returns the gradient norm and the lr. Its
+  `UpdateWatch` (update_watch.py) skips a non-finite gradient and stops the run where training has
+  gone wrong beyond repair (NaN weights, a gradient stuck at 0); `Trainer.check_weights` before
+  anything reads the weights out.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import torch
-from torch.distributed.tensor import DTensor
 
 from lorarl.config.run import MonitorConfig, RLConfig
 from lorarl.config.sft import SFTConfig
@@ -43,17 +38,13 @@ from lorarl.trainer.distributed import DataParallel, init_data_parallel
 from lorarl.trainer.model import TrainedModel, parameter_summary, trainable_parameters
 from lorarl.trainer.optim import build_optimizer, build_scheduler
 from lorarl.trainer.packing import ForwardPasses, PackedBatch, sees_shared_prompts
+from lorarl.trainer.update_watch import UpdateWatch, largest_weight
 
 log = logging.getLogger("lorarl.trainer")
 
 PassLoss = Callable[[MicroBatch | PackedBatch], tuple[torch.Tensor, dict[str, float]]]
 """A loop's loss of one forward pass (given on the model's device): the pass's share of the step's
 loss, and stats that add up over the step's passes and ranks to the step's values."""
-
-
-class TrainingStopped(RuntimeError):
-    """The run cannot go on, and writes nothing more (`Trainer.optimizer_step`); str() is one line:
-    the step, what went wrong, the key to change. The console scripts print it and exit with 1."""
 
 
 # The model a loop trains: a PEFT adapter on the base model, or the whole model (SFT without [model.lora]).
@@ -73,17 +64,7 @@ class Trainer(Generic[Model]):
     max_norm: float
     # The resumed checkpoint's state.json ({"step": N, ...what the loop saved beside it}), or None.
     resumed: dict[str, Any] | None
-    max_skipped_steps: int
-    skipped_steps: int = 0  # steps whose gradient was not finite, so no update (optimizer_step)
-    skipped_in_a_row: int = 0
-    # Where the config keeps the optimizer's keys, for messages: "optim" (SFT) or "trainer.optim" (RL).
-    optim_key: str = "optim"
-    # The last update's step, lr and largest |weight| (a device tensor), until read (`check_weights`).
-    unchecked: tuple[int, float, torch.Tensor] | None = None
-    largest_weight: float = 0.0  # the largest |weight| after the last update that was read
-    had_gradient: bool = False  # some step with a loss to learn from had a gradient (`_watch_for_collapse`)
-    zero_in_a_row: int = 0  # steps in a row whose gradient was exactly 0 although they had a loss to learn from
-    warned_zero: bool = False
+    watch: UpdateWatch  # non-finite gradients and weights, gradients stuck at 0 (update_watch.py)
 
     @property
     def start(self) -> int:
@@ -137,19 +118,8 @@ class Trainer(Generic[Model]):
                 discard_after(run, resumed["step"])
         passes = forward_passes(cfg, pad_id)
         optim = training.optim
-        key = "trainer.optim" if isinstance(cfg, RLConfig) else "optim"
-        return cls(
-            run,
-            dp,
-            model,
-            optimizer,
-            scheduler,
-            passes,
-            optim.max_norm,
-            resumed,
-            optim.max_skipped_steps,
-            optim_key=key,
-        )
+        watch = UpdateWatch(optim.max_skipped_steps, "trainer.optim" if isinstance(cfg, RLConfig) else "optim")
+        return cls(run, dp, model, optimizer, scheduler, passes, optim.max_norm, resumed, watch)
 
     def metrics_logger(self, component: str, cfg: RLConfig | SFTConfig) -> MetricsLogger:
         # Rank 0 alone logs: every rank holds the same weights (with fsdp, its shards of them).
@@ -161,31 +131,15 @@ class Trainer(Generic[Model]):
         the gradient norm before clipping and the learning rate of this step. `signal`: the step had
         something to learn from (a loss above 0, advantages not all 0).
 
-        A gradient that is NaN or infinite (a non-finite loss gives one) changes no weight: the step
-        is skipped (the schedule still advances, so steps keep their learning rates), counted in
-        `skipped_steps`, and `optim.max_skipped_steps` of them in a row stop the run. An update that
-        makes a weight NaN or infinite stops it at once (found as the module docstring says), and so
-        does a gradient stuck at exactly 0 (`_watch_for_collapse`). Every rank sees the same numbers,
-        so all skip or stop together."""
+        A gradient that is NaN or infinite changes no weight: the step is skipped, the schedule still
+        advances (so steps keep their learning rates); `self.watch` counts it and stops the run as
+        update_watch.py says. Every rank sees the same numbers, so all skip or stop together."""
         params = trainable_parameters(self.model)
-        grad_norm = self._read_with_last_update(torch.nn.utils.clip_grad_norm_(params, self.max_norm))
+        grad_norm = self.watch.read_with_last_update(torch.nn.utils.clip_grad_norm_(params, self.max_norm))
         lr = float(self.scheduler.get_last_lr()[0])
-        if math.isfinite(grad_norm):
+        if self.watch.finite_gradient(step, grad_norm, lr):
             self.optimizer.step()
-            self.skipped_in_a_row = 0
-            self.unchecked = (step, lr, largest_weight(params, self.dp))
-            self._watch_for_collapse(step, grad_norm, lr, signal)
-        else:
-            self.skipped_steps += 1
-            self.skipped_in_a_row += 1
-            log.warning("step %d: gradient norm %s: step skipped (%d in a row)", step, grad_norm, self.skipped_in_a_row)
-            if self.skipped_in_a_row >= self.max_skipped_steps:
-                raise TrainingStopped(
-                    f"step {step}: the loss or gradient was NaN or infinite {self.skipped_in_a_row} steps in a row "
-                    f"({self.optim_key}.max_skipped_steps), no weight changed since step "
-                    f"{step - self.skipped_in_a_row}; lower {self.optim_key}.lr (now {lr:g}) or check the data "
-                    "and model.dtype; what was written so far is finite"
-                )
+            self.watch.updated(step, lr, largest_weight(params, self.dp), grad_norm, signal)
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return grad_norm, lr
@@ -194,61 +148,7 @@ class Trainer(Generic[Model]):
         """Stop the run if the last update made a weight NaN or infinite. Call it before anything reads
         the weights out (an adapter, a checkpoint, the eval loss, the result), which waits for the
         device anyway; `optimizer_step` checks the update before with the gradient norm it reads."""
-        if self.unchecked is not None:
-            step, lr, largest = self.unchecked
-            self.unchecked = None
-            self._stop_if_not_finite(step, lr, largest.item())
-
-    def _read_with_last_update(self, grad_norm: torch.Tensor) -> float:
-        """The gradient norm as a number, and in the same wait for the device the last update's check."""
-        if isinstance(grad_norm, DTensor):  # with fsdp: the norm over every rank's shards
-            grad_norm = grad_norm.full_tensor()
-        if self.unchecked is None:
-            return grad_norm.item()
-        step, lr, largest = self.unchecked
-        self.unchecked = None
-        norm, largest_value = torch.stack([grad_norm.float(), largest.float().to(grad_norm.device)]).tolist()
-        self._stop_if_not_finite(step, lr, largest_value)
-        return float(norm)
-
-    def _stop_if_not_finite(self, step: int, lr: float, largest: float) -> None:
-        self.largest_weight = largest
-        if not math.isfinite(largest):
-            raise TrainingStopped(
-                f"step {step}: the update made weights NaN or infinite (lr {lr:g}); lower {self.optim_key}.lr "
-                f"and start again; nothing was written from these weights"
-            )
-
-    def _watch_for_collapse(self, step: int, grad_norm: float, lr: float, signal: bool) -> None:
-        """A gradient of exactly 0 on a step with something to learn from, after steps whose gradient
-        was not 0: saturated weights, a learning rate far too high (at lr 1e6 SFT's gradient is 0 from
-        step 2 on). Said once; `max_skipped_steps` such steps in a row stop the run, as no later step
-        could teach the model anything and a run that ends well would pass its useless adapter on. A
-        single one may be sound (RL: every token's ratio clipped), so the first is only a warning."""
-        if not signal:
-            return
-        if grad_norm > 0:
-            self.had_gradient, self.zero_in_a_row = True, 0
-            return
-        if not self.had_gradient:
-            return
-        self.zero_in_a_row += 1
-        if not self.warned_zero:
-            self.warned_zero = True
-            log.warning(
-                "step %d: gradient norm exactly 0 although the step had a loss to learn from: weights saturated? "
-                "(lower %s.lr if it lasts)",
-                step,
-                self.optim_key,
-            )
-        if self.zero_in_a_row >= self.max_skipped_steps:
-            self.check_weights()  # the largest weight, for the message (and NaN, if it came to that)
-            raise TrainingStopped(
-                f"step {step}: the gradient norm was exactly 0 for {self.zero_in_a_row} steps in a row although "
-                f"they had a loss to learn from ({self.optim_key}.max_skipped_steps): the weights are saturated "
-                f"(largest |weight| {self.largest_weight:.3g}) and learn nothing more; lower {self.optim_key}.lr "
-                f"(now {lr:g}) and start again"
-            )
+        self.watch.check_weights()
 
     def step_without_update(self) -> float:
         """A step with nothing to learn from: no weight changes, the schedule advances (so later steps
@@ -325,15 +225,3 @@ def rank_passes(
     batches = (batch for i in range(0, len(mine), size) for batch in passes.split(mine[i : i + size]))
     device = next(model.parameters()).device
     return (batch.to(device) for batch in dp.same_passes(batches, passes.without_loss()))
-
-
-def largest_weight(params: list[torch.nn.Parameter], dp: DataParallel) -> torch.Tensor:
-    """The largest |weight| of `params`, infinite if any weight is NaN or infinite: one reduction on the
-    device, not waited for. With `fsdp` each rank holds shards: the largest over the ranks."""
-    local = [p.to_local() if isinstance(p, DTensor) else p for p in params]
-    # The max-norm keeps a NaN; as infinity it also survives the max over ranks (NCCL's max drops NaN).
-    largest = torch.nn.utils.get_total_norm(local, math.inf)
-    largest = torch.where(largest.isnan(), math.inf, largest)
-    if dp.fsdp:
-        torch.distributed.all_reduce(largest, op=torch.distributed.ReduceOp.MAX)
-    return largest

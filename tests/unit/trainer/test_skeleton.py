@@ -17,7 +17,8 @@ from lorarl.trainer.distributed import DataParallel
 from lorarl.trainer.model import apply_lora, trainable_parameters
 from lorarl.trainer.packing import ForwardPasses
 from lorarl.trainer.sft import mean_nll
-from lorarl.trainer.skeleton import Trainer, TrainingStopped, forward_backward_step, rank_passes
+from lorarl.trainer.skeleton import Trainer, forward_backward_step, rank_passes
+from lorarl.trainer.update_watch import TrainingStopped, UpdateWatch
 
 
 def varied_samples() -> list[TrainSample]:
@@ -89,7 +90,7 @@ def lora_trainer(tmp_path: Path, lr: float = 0.1) -> tuple[Trainer, list[torch.n
     optimizer = torch.optim.AdamW(params, lr=lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     trainer = Trainer(RunFolder(tmp_path), DataParallel(), model, optimizer, scheduler,
-                      ForwardPasses(True, 64, 2, 0), 1.0, None, max_skipped_steps=2)  # fmt: skip
+                      ForwardPasses(True, 64, 2, 0), 1.0, None, UpdateWatch(max_skipped_steps=2))  # fmt: skip
     return trainer, params
 
 
@@ -112,14 +113,14 @@ def test_a_non_finite_gradient_changes_no_weight_and_too_many_in_a_row_stop_the_
     trainer, params = lora_trainer(tmp_path)
     before = [p.detach().clone() for p in params]
     assert math.isnan(step_with(trainer, params, 1, bad=float("nan")))
-    assert all(torch.equal(a, b) for a, b in zip(before, params, strict=True)) and trainer.skipped_steps == 1
+    assert all(torch.equal(a, b) for a, b in zip(before, params, strict=True)) and trainer.watch.skipped_steps == 1
     step_with(trainer, params, 2)  # a finite step updates, and ends the run of skipped steps
-    assert not torch.equal(before[0], params[0]) and trainer.skipped_in_a_row == 0
+    assert not torch.equal(before[0], params[0]) and trainer.watch.skipped_in_a_row == 0
     step_with(trainer, params, 3, bad=float("inf"))
     stop = "step 4: the loss or gradient was NaN or infinite 2 steps in a row .* since step 2; lower optim.lr"
     with pytest.raises(TrainingStopped, match=stop):
         step_with(trainer, params, 4, bad=float("nan"))
-    assert trainer.skipped_steps == 3 and all(torch.isfinite(p).all() for p in params)
+    assert trainer.watch.skipped_steps == 3 and all(torch.isfinite(p).all() for p in params)
 
 
 @pytest.mark.parametrize("found_by", ["check_weights", "next_step"])
@@ -141,13 +142,13 @@ def test_an_update_that_makes_weights_non_finite_stops_the_run_before_they_are_r
 def test_finite_updates_pass_the_check_and_it_is_read_once(tmp_path: Path) -> None:
     trainer, params = lora_trainer(tmp_path)
     step_with(trainer, params, 1)
-    assert trainer.unchecked is not None and trainer.unchecked[0] == 1
+    assert trainer.watch.unchecked is not None and trainer.watch.unchecked[0] == 1
     trainer.check_weights()
     largest = max(p.abs().max().item() for p in params)
-    assert trainer.unchecked is None and trainer.largest_weight == pytest.approx(largest)
+    assert trainer.watch.unchecked is None and trainer.watch.largest_weight == pytest.approx(largest)
     step_with(trainer, params, 2)
     step_with(trainer, params, 3)  # reads step 2's check with its gradient norm
-    assert trainer.unchecked is not None and trainer.unchecked[0] == 3
+    assert trainer.watch.unchecked is not None and trainer.watch.unchecked[0] == 3
 
 
 def test_a_gradient_stuck_at_zero_with_a_loss_to_learn_is_said_once_then_stops_the_run(
@@ -161,7 +162,7 @@ def test_a_gradient_stuck_at_zero_with_a_loss_to_learn_is_said_once_then_stops_t
     step_with(trainer, params, 3)
     step_with(trainer, params, 4, grad=0.0, signal=False)
     step_with(trainer, params, 5, grad=0.0, signal=False)
-    assert trainer.zero_in_a_row == 0 and "gradient norm exactly 0" not in caplog.text
+    assert trainer.watch.zero_in_a_row == 0 and "gradient norm exactly 0" not in caplog.text
     step_with(trainer, params, 6, grad=0.0)  # one alone may be sound: said, and the run goes on
     step_with(trainer, params, 7)
     step_with(trainer, params, 8, grad=0.0)

@@ -20,7 +20,7 @@ from lorarl.exit_codes import TRAINING_STOPPED
 from lorarl.rollouts import RolloutBatch
 from lorarl.run_folder import RunFolder
 from lorarl.trainer import rl, sft
-from lorarl.trainer.skeleton import TrainingStopped
+from lorarl.trainer.update_watch import TrainingStopped
 from tests.unit.trainer.test_loss_with_model import rollouts_for
 
 
