@@ -76,6 +76,7 @@ def check_rl(cfg: RLConfig, mode: RLRunMode) -> Placement:
     returns where each process goes."""
     gpus = visible_gpus(mode)
     check_model(cfg.model.name)
+    check_seq_len(cfg.model.name, cfg.seq_len)
     check_cluster(cfg, mode.auto_resume)
     if mode.auto_resume and cfg.trainer.ckpt.interval is None:  # it would restart from no checkpoint
         raise PreflightError(
@@ -211,6 +212,7 @@ def warn_single_rollout_groups(cfg: RLConfig) -> None:
 def check_serve(cfg: ServeConfig, mode: RunMode) -> Placement:
     """Every check of `lorarl-serve @ cfg` run as `mode`; returns where each process goes."""
     check_model(cfg.model.name)
+    check_seq_len(cfg.model.name, cfg.seq_len)
     if cfg.cluster.backend != "local":
         raise PreflightError('cluster.backend = "ray": lorarl-serve runs on one machine for now; leave [cluster] out')
     gpus = visible_gpus(mode)
@@ -230,6 +232,7 @@ def check_serve(cfg: ServeConfig, mode: RunMode) -> Placement:
 
 def check_sft(cfg: SFTConfig, mode: RunMode) -> None:
     check_model(cfg.model.name)
+    check_seq_len(cfg.model.name, cfg.seq_len)
     try:
         if cfg.model.lora is not None:
             check_init_adapter(cfg.model.lora)
@@ -268,6 +271,22 @@ def check_model(name: str, key: str = "model.name") -> None:
         raise PreflightError(f"{key}: {name} is a file, not a model folder")
     if os.environ.get("HF_HUB_OFFLINE") == "1" or not _HUB_ID.match(name):
         raise PreflightError(f"{key}: {name} not found (expected a Hugging Face model folder)")
+
+
+def check_seq_len(name: str, seq_len: int) -> None:
+    """seq_len fits the positions the model was built for (max_position_embeddings in its config.json,
+    or its text_config's): longer, vLLM refuses to start (--max-model-len) and a trainer would train
+    on positions the model never saw. A hub id is not read."""
+    config = Path(name) / "config.json"
+    if not config.is_file():
+        return
+    data = _json_object(config, "model.name")
+    limit = data.get("max_position_embeddings", (data.get("text_config") or {}).get("max_position_embeddings"))
+    if isinstance(limit, int) and seq_len > limit:
+        raise PreflightError(
+            f"seq_len {seq_len}: {name} handles at most {limit} positions (max_position_embeddings in "
+            f"{config}); set seq_len to {limit} or less"
+        )
 
 
 def check_model_folder(path: Path, key: str = "model.name") -> None:

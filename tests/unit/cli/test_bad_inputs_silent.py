@@ -1,7 +1,8 @@
 """Bad input that was accepted silently or hung (issue 49): data that is not a regular file (a FIFO,
 which `open()` would wait on forever), an IcePop band of no width (every token masked, loss 0),
 `--auto_resume` with no checkpoint to resume from, a variant name no folder can have, and TOML's
-`true` where a number is meant (pydantic took it for 1: `top_k = true` sampled greedily).
+`true` where a number is meant (pydantic took it for 1: `top_k = true` sampled greedily), and a
+seq_len beyond the model's max_position_embeddings.
 Each is refused in one line, nothing written (`bad_inputs.assert_refused`)."""
 
 from __future__ import annotations
@@ -47,6 +48,10 @@ CASES: list[Case] = [
     ("rl", rl_args("@", "{w.root}/inputs/lr-false.toml"), "lr = false: lr takes a number"),
     ("rl", rl_args("--auto_resume", "2"), "--auto_resume 2 restarts from the latest checkpoint"),
     ("rl", rl_args("--variants", '[{"name": "' + "v" * 300 + '"}]'), "variant name has 300 characters"),
+    # Longer than the model's positions (the tiny model's 2048): vLLM would not start, sft would train on
+    # positions the model never saw.
+    ("rl", rl_args("--seq_len", "4096"), "seq_len 4096: "),
+    ("sft", sft_args("--seq_len", "2049"), "handles at most 2048 positions (max_position_embeddings"),
 ]
 
 
