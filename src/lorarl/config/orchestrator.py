@@ -171,6 +171,18 @@ class OrchestratorConfig(Section):
     """Delete broadcasts/step_N once no worker serves version N any more (the final one stays; checkpoints
     keep their own copy); false: keep every version."""
 
+    @field_validator("chat_template_kwargs", mode="after")
+    @classmethod
+    def _no_quoted_booleans(cls, value: dict[str, Any]) -> dict[str, Any]:
+        # A template tests `if enable_thinking`: the string "false" is true there, so thinking stays on.
+        for key, item in value.items():
+            if isinstance(item, str) and item.strip().lower() in ("true", "false"):
+                raise ValueError(
+                    f"{key} = {item!r} is a string, which a chat template takes as true: write {key} = "
+                    f"{item.strip().lower()} (a TOML boolean, no quotes)"
+                )
+        return value
+
     @model_validator(mode="after")
     def _groups_fill_batch(self) -> OrchestratorConfig:
         if self.batch_size % self.rollouts_per_example:

@@ -2,7 +2,8 @@
 which `open()` would wait on forever), an IcePop band of no width (every token masked, loss 0),
 `--auto_resume` with no checkpoint to resume from, a variant name no folder can have, and TOML's
 `true` where a number is meant (pydantic took it for 1: `top_k = true` sampled greedily), and a
-seq_len beyond the model's max_position_embeddings.
+seq_len beyond the model's max_position_embeddings, and a quoted "false" in chat_template_kwargs
+(true for a template).
 Each is refused in one line, nothing written (`bad_inputs.assert_refused`)."""
 
 from __future__ import annotations
@@ -51,6 +52,11 @@ CASES: list[Case] = [
     # Longer than the model's positions (the tiny model's 2048): vLLM would not start, sft would train on
     # positions the model never saw.
     ("rl", rl_args("--seq_len", "4096"), "seq_len 4096: "),
+    (
+        "rl",
+        rl_args("--orchestrator.chat_template_kwargs", '{"enable_thinking": "false"}'),
+        "orchestrator.chat_template_kwargs: enable_thinking = 'false' is a string",
+    ),
     ("sft", sft_args("--seq_len", "2049"), "handles at most 2048 positions (max_position_embeddings"),
 ]
 
