@@ -10,6 +10,22 @@ from pydantic import Field, field_validator, model_validator
 from lorarl.addresses import is_loopback, url_problem
 from lorarl.config.common import Section
 
+# vLLM flags `rl` sets from the config (inference/server.py's vllm_command): in extra_args vLLM would
+# take the later one, and the run would disagree with its own config (another port, length, model).
+_OWN_FLAGS = {
+    "--model": "model.name",
+    "--dtype": "model.dtype",
+    "--max-model-len": "seq_len",
+    "--host": "inference.host",
+    "--port": "inference.port",
+    "--seed": "seed",
+    "--tensor-parallel-size": "inference.tensor_parallel_size",
+    "--gpu-memory-utilization": "inference.memory_fraction",
+    "--api-key": "inference.api_key",
+    "--max-lora-rank": "model.lora.rank (the largest of the run's adapters)",
+    "--logprobs-mode": "none: lorarl needs processed_logprobs (the sampled distribution's)",
+}
+
 
 class InferenceConfig(Section):
     num_workers: int = Field(1, ge=1)
@@ -98,6 +114,15 @@ class InferenceConfig(Section):
     max_restarts: int = Field(3, ge=0)
     """How many times `rl` restarts a worker it started that died (the orchestrator routes around it
     meanwhile); one more death stops the run. Workers given by `urls` are never restarted."""
+
+    @field_validator("extra_args", mode="after")
+    @classmethod
+    def _no_flag_of_lorarls(cls, value: list[str]) -> list[str]:
+        for arg in value:
+            flag = arg.split("=", 1)[0]
+            if flag in _OWN_FLAGS:
+                raise ValueError(f"{flag} is set by lorarl from {_OWN_FLAGS[flag]}: set that key instead")
+        return value
 
     @field_validator("urls", mode="after")
     @classmethod

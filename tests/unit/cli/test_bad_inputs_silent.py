@@ -2,8 +2,8 @@
 which `open()` would wait on forever), an IcePop band of no width (every token masked, loss 0),
 `--auto_resume` with no checkpoint to resume from, a variant name no folder can have, and TOML's
 `true` where a number is meant (pydantic took it for 1: `top_k = true` sampled greedily), and a
-seq_len beyond the model's max_position_embeddings, and a quoted "false" in chat_template_kwargs
-(true for a template).
+seq_len beyond the model's max_position_embeddings, a quoted "false" in chat_template_kwargs
+(true for a template), and vLLM flags that lorarl sets repeated in inference.extra_args.
 Each is refused in one line, nothing written (`bad_inputs.assert_refused`)."""
 
 from __future__ import annotations
@@ -52,6 +52,8 @@ CASES: list[Case] = [
     # Longer than the model's positions (the tiny model's 2048): vLLM would not start, sft would train on
     # positions the model never saw.
     ("rl", rl_args("--seq_len", "4096"), "seq_len 4096: "),
+    ("rl", rl_args("--inference.extra_args", '["--max-model-len", "4096"]'), "--max-model-len is set by lorarl from"),
+    ("rl", rl_args("--inference.extra_args", '["--port=9000"]'), "inference.extra_args: --port is set by lorarl"),
     (
         "rl",
         rl_args("--orchestrator.chat_template_kwargs", '{"enable_thinking": "false"}'),
