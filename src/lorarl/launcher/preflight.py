@@ -15,6 +15,7 @@ only for a start, since a dry run calls no user function.
 
 from __future__ import annotations
 
+import errno
 import functools
 import importlib.util
 import logging
@@ -552,6 +553,12 @@ def check_ports(host: str, port: int, count: int, key: str = "inference.port") -
             try:
                 s.bind((host, p))
             except OSError as e:
+                if isinstance(e, socket.gaierror) or e.errno == errno.EADDRNOTAVAIL:  # no port would do
+                    host_key = key.rsplit(".", 1)[0] + ".host"
+                    raise PreflightError(
+                        f"{host_key}: {host} is not an address of this machine ({e.strerror}): a server started "
+                        "here cannot listen there; use 127.0.0.1, 0.0.0.0 or one of this machine's addresses"
+                    ) from None
                 raise PreflightError(
                     f"{key}: {host}:{p} is not free ({e.strerror}); pick another port"
                     + (", or use the server there with inference.urls" if key == "inference.port" else "")

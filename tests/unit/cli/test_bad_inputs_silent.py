@@ -1,10 +1,10 @@
 """Bad input that was accepted silently or hung (issue 49): data that is not a regular file (a FIFO,
 which `open()` would wait on forever), an IcePop band of no width (every token masked, loss 0),
 `--auto_resume` with no checkpoint to resume from, a variant name no folder can have, and TOML's
-`true` where a number is meant (pydantic took it for 1: `top_k = true` sampled greedily), and a
-seq_len beyond the model's max_position_embeddings, a quoted "false" in chat_template_kwargs
-(true for a template), and vLLM flags that lorarl sets repeated in inference.extra_args.
-Each is refused in one line, nothing written (`bad_inputs.assert_refused`)."""
+`true` where a number is meant (pydantic took it for 1: `top_k = true` sampled greedily), a seq_len
+beyond the model's max_position_embeddings, a quoted "false" in chat_template_kwargs (true for a
+template), vLLM flags that lorarl sets repeated in inference.extra_args, and an inference.host that
+is not this machine's. Each is refused in one line, nothing written (`bad_inputs.assert_refused`)."""
 
 from __future__ import annotations
 
@@ -52,6 +52,11 @@ CASES: list[Case] = [
     # Longer than the model's positions (the tiny model's 2048): vLLM would not start, sft would train on
     # positions the model never saw.
     ("rl", rl_args("--seq_len", "4096"), "seq_len 4096: "),
+    # A host no server here can listen on was "not free; pick another port" (192.0.2.1: TEST-NET-1, no one's).
+    *(
+        ("rl", rl_args("--inference.host", host, "--inference.api_key", "k" * 16), f"inference.host: {host} is not")
+        for host in ("192.0.2.1", "nosuchhost.invalid")
+    ),
     ("rl", rl_args("--inference.extra_args", '["--max-model-len", "4096"]'), "--max-model-len is set by lorarl from"),
     ("rl", rl_args("--inference.extra_args", '["--port=9000"]'), "inference.extra_args: --port is set by lorarl"),
     (
