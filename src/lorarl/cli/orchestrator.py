@@ -14,7 +14,8 @@ from types import FrameType
 
 from lorarl.cli.common import setup_logging
 from lorarl.cli.trainer import role_config_or_exit
-from lorarl.exit_codes import BAD_INPUT
+from lorarl.exit_codes import BAD_INPUT, DISK_FULL
+from lorarl.run_folder import DiskFull
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -33,6 +34,9 @@ def main(argv: list[str] | None = None) -> None:
     except* ServedCheckFailed as failed:  # a worker serves another policy: `rl` shows this line, exit code 2
         print(f"error: {failed.exceptions[0]}", file=sys.stderr)
         raise SystemExit(BAD_INPUT) from None
+    except* DiskFull as full:  # a batch found no space: the folder and its free space, in `rl`'s one line
+        print(f"error: {full.exceptions[0]}", file=sys.stderr)
+        raise SystemExit(DISK_FULL) from None
 
 
 def _stop_now(signum: int, frame: FrameType | None) -> None:

@@ -14,7 +14,7 @@ import sys
 from lorarl.cli.common import exit_with, load_run_or_exit, setup_logging
 from lorarl.config.run import RunMode
 from lorarl.config.sft import SFTConfig
-from lorarl.exit_codes import BAD_INPUT, FAILED, TRAINING_STOPPED
+from lorarl.exit_codes import BAD_INPUT, DISK_FULL, TRAINING_STOPPED
 from lorarl.launcher.memory_plan import sft_memory_plan
 from lorarl.launcher.plan import torchrun
 from lorarl.launcher.preflight import PreflightError, check_sft
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> None:
     except TrainingStopped as e:  # the run went wrong (NaN weights, no gradient): no result written
         exit_with(e, TRAINING_STOPPED)
     except DiskFull as e:  # one line naming the folder and its free space
-        exit_with(e, FAILED)
+        exit_with(e, DISK_FULL)
 
 
 def prepare(cfg: SFTConfig, mode: RunMode) -> None:

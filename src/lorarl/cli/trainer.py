@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from lorarl.cli.common import exit_with, load_run_or_exit, setup_logging
 from lorarl.config.run import RLConfig, RunMode
-from lorarl.exit_codes import BAD_INPUT, FAILED, TRAINING_STOPPED
+from lorarl.exit_codes import BAD_INPUT, DISK_FULL, TRAINING_STOPPED
 from lorarl.run_folder import DiskFull, RunFolder, RunFolderError
 
 
@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> None:
     except TrainingStopped as e:  # one line, the last of the trainer's log that `rl` shows
         exit_with(e, TRAINING_STOPPED)
     except DiskFull as e:  # one line naming the folder and its free space, the last of the log
-        exit_with(e, FAILED)
+        exit_with(e, DISK_FULL)
 
 
 def role_config_or_exit(argv: list[str] | None, command: str) -> RLConfig:

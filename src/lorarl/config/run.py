@@ -143,7 +143,7 @@ class RLRunMode(RunMode):
     """When the trainer or the orchestrator dies, restart both from the latest complete checkpoint
     (`trainer.ckpt.interval` must be set) up to this many times, keeping the vLLM workers. Not when a
     restart would end the same way: the trainer stopped training gone wrong (NaN weights, a gradient
-    stuck at 0: exit code 3), or either refused what it found (exit code 2)."""
+    stuck at 0: exit code 3), the disk is full (exit code 4), or either refused what it found (exit code 2)."""
 
 
 VARIANT_NAME = r"^[A-Za-z0-9][A-Za-z0-9_-]*$"

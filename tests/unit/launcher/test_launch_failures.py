@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from lorarl.config.run import RLConfig
-from lorarl.exit_codes import BAD_INPUT, TRAINING_STOPPED
+from lorarl.exit_codes import BAD_INPUT, DISK_FULL, TRAINING_STOPPED
 from lorarl.launcher.launch import auto_resume_step, report_failure
 from lorarl.launcher.plan import ProcessSpec, Role
 from lorarl.launcher.supervisor import Supervisor
@@ -57,7 +57,7 @@ def test_a_crash_without_a_whole_checkpoint_is_not_resumed(tmp_path: Path) -> No
     assert auto_resume_step(config(), empty, 1, restarts=0, allowed=2) is None
 
 
-@pytest.mark.parametrize("code", [TRAINING_STOPPED, BAD_INPUT])
+@pytest.mark.parametrize("code", [TRAINING_STOPPED, BAD_INPUT, DISK_FULL])
 def test_an_end_that_a_restart_would_repeat_stops_the_run_in_its_one_line(
     run: RunFolder, sup: Supervisor, caplog: pytest.LogCaptureFixture, code: int
 ) -> None:
