@@ -35,9 +35,11 @@ vLLM 0.32's `mcp>=2` (see pyproject's `envs` extra).
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import logging
+import math
 import random
 from collections.abc import Callable, Iterator
 from types import ModuleType
@@ -278,15 +280,20 @@ class VerifiersTaskset(Environment):
 
     async def score(self, episode: Episode) -> dict[str, float]:
         """The task's own rewards and metrics of the episode's trace (and its tool call counts);
-        "reward" is the rewards' weighted sum. A reward left unscored, a scoring error or a
-        failed `Env` hook counts in "reward_errors" and scores 0."""
+        "reward" is the rewards' weighted sum. A reward left unscored or not finite (NaN, an
+        infinity), a scoring error, a scoring past orchestrator.reward_timeout or a failed `Env` hook
+        counts in "reward_errors" and scores 0, as a lorarl reward function does (base.py)."""
         play = self.play(episode)
         await play.finish()
         trace = play.trace
         metrics = {name: float(value) for name, value in trace.metrics.items() if value is not None}
-        scores = metrics | {name: float(r.score) if r else 0.0 for name, r in trace.rewards.items()}
-        scores["reward"] = sum(r.value for r in trace.rewards.values() if r)
-        scores["reward_errors"] = max(play.errors, sum(r is None for r in trace.rewards.values()))
+        scored = {name: r for name, r in trace.rewards.items() if r and math.isfinite(float(r.score))}
+        if len(scored) < len(trace.rewards) and play.errors == 0:
+            log.warning("verifiers taskset %s: rewards %s unscored or not finite; scoring 0", self.name,
+                        sorted(set(trace.rewards) - set(scored)))  # fmt: skip
+        scores = metrics | {name: float(r.score) if name in scored else 0.0 for name, r in trace.rewards.items()}
+        scores["reward"] = sum(r.value for r in scored.values())
+        scores["reward_errors"] = max(play.errors, len(trace.rewards) - len(scored))
         return scores | (play.stats.as_metrics() if self.schemas else {})
 
 
@@ -365,8 +372,12 @@ class Play:
         if self.scored:
             return
         self.scored = True
-        try:
-            await self.task.score(self.trace)  # records every reward first as None (unscored), then its score
+        try:  # records every reward first as None (unscored), then its score
+            await asyncio.wait_for(self.task.score(self.trace), self.env.reward_timeout)
+        except TimeoutError:
+            log.warning("verifiers task of %s scored past %g s (orchestrator.reward_timeout); scoring 0",
+                        self.env.name, self.env.reward_timeout)  # fmt: skip
+            self.errors += 1
         except Exception:
             log.exception("verifiers task of %s failed to score; scoring 0", self.env.name)
             self.errors += 1

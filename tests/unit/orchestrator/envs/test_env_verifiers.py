@@ -92,6 +92,34 @@ def test_a_reward_that_raises_scores_zero_and_is_counted_without_stopping() -> N
     assert scores["reward"] == 0.0 and scores["reward_errors"] >= 1
 
 
+class Unbounded(vf.Task[Data]):
+    @vf.reward
+    async def sure(self, trace: vf.Trace) -> float:
+        return 1.0
+
+    @vf.reward
+    async def wild(self, trace: vf.Trace) -> float:
+        if "slow" in trace.last_reply:
+            await asyncio.sleep(30)
+        return float(trace.last_reply.split()[-1])  # "nan", "inf" or a number
+
+
+class Unboundeds(vf.Taskset[Unbounded]):
+    def load(self):
+        yield Unbounded(Data(prompt="?"))
+
+
+@pytest.mark.parametrize("reply", ["nan", "-inf", "slow 1"])
+def test_a_reward_not_finite_or_past_the_timeout_scores_zero_and_is_counted(reply: str) -> None:
+    """As a lorarl reward function is (base.py): never a NaN reaching the advantages, never a held run."""
+    env = VerifiersTaskset(Unboundeds(vf.TasksetConfig()), "unbounded")
+    env.reward_timeout = 0.5
+    scores = score(env, next(env.examples(random.Random(0))), reply)
+    assert scores["wild"] == 0.0 and scores["reward_errors"] >= 1, scores
+    assert scores["reward"] in (0.0, 1.0)  # the finite reward kept, or every one unscored (the timeout)
+    assert score(env, next(env.examples(random.Random(0))), "2")["reward"] == 3.0
+
+
 class Endless(vf.Taskset[Shaky]):
     INFINITE = True
 
