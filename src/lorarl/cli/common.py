@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 from typing import NoReturn, TypeVar
 
@@ -53,3 +54,16 @@ def _speaks_for_the_ranks() -> bool:
     """Not one of torchrun's ranks, or its rank 0: torchrun's ranks share a terminal (and in `rl` the
     trainer's log), so what every rank would say alike is said once."""
     return "TORCHELASTIC_RUN_ID" not in os.environ or os.environ.get("RANK") == "0"
+
+
+def stop_at_once_on_ctrl_c(role: str) -> None:
+    """Ctrl-C ends `role` (a role command run alone) at once, as SIGTERM does, in one line and exit
+    code 130: a KeyboardInterrupt would print a traceback, or leave asyncio.run waiting for worker
+    threads (one waiting up to inference.startup_timeout for unreachable inference.urls). What it was
+    writing is atomic (run_folder.py): a kill leaves no partial adapter, checkpoint or batch."""
+
+    def stop(signum: int, _frame: object) -> None:
+        print(f"{role}: stopped by {signal.Signals(signum).name}", file=sys.stderr, flush=True)
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGINT, stop)

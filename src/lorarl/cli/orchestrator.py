@@ -7,12 +7,9 @@ makes that check and starts nothing.
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import sys
-from types import FrameType
 
-from lorarl.cli.common import setup_logging
+from lorarl.cli.common import setup_logging, stop_at_once_on_ctrl_c
 from lorarl.cli.trainer import role_config_or_exit
 from lorarl.exit_codes import BAD_INPUT, DISK_FULL
 from lorarl.run_folder import DiskFull
@@ -21,7 +18,7 @@ from lorarl.run_folder import DiskFull
 def main(argv: list[str] | None = None) -> None:
     cfg = role_config_or_exit(argv, "orchestrator")
     setup_logging("orchestrator")
-    signal.signal(signal.SIGINT, _stop_now)
+    stop_at_once_on_ctrl_c("orchestrator")
     from lorarl.orchestrator.adapters import AdapterNameInUse
     from lorarl.orchestrator.orchestrator import orchestrate
     from lorarl.orchestrator.served_check import ServedCheckFailed
@@ -37,13 +34,6 @@ def main(argv: list[str] | None = None) -> None:
     except* DiskFull as full:  # a batch found no space: the folder and its free space, in `rl`'s one line
         print(f"error: {full.exceptions[0]}", file=sys.stderr)
         raise SystemExit(DISK_FULL) from None
-
-
-def _stop_now(signum: int, frame: FrameType | None) -> None:
-    """Ctrl-C stops at once, as SIGTERM does: a KeyboardInterrupt would leave asyncio.run waiting for
-    its worker threads, e.g. one waiting up to inference.startup_timeout for unreachable inference.urls."""
-    print(f"orchestrator: stopped by {signal.Signals(signum).name}", file=sys.stderr, flush=True)
-    os._exit(128 + signum)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ makes it), so that it never writes among a user's files. `--dry-run` makes that 
 
 from __future__ import annotations
 
-from lorarl.cli.common import exit_with, load_run_or_exit, setup_logging
+from lorarl.cli.common import exit_with, load_run_or_exit, setup_logging, stop_at_once_on_ctrl_c
 from lorarl.config.run import RLConfig, RunMode
 from lorarl.exit_codes import BAD_INPUT, DISK_FULL, TRAINING_STOPPED
 from lorarl.run_folder import DiskFull, RunFolder, RunFolderError
@@ -15,6 +15,7 @@ from lorarl.run_folder import DiskFull, RunFolder, RunFolderError
 def main(argv: list[str] | None = None) -> None:
     cfg = role_config_or_exit(argv, "trainer")
     setup_logging("trainer")
+    stop_at_once_on_ctrl_c("trainer")
     from lorarl.trainer.rl import train
     from lorarl.trainer.update_watch import TrainingStopped
 

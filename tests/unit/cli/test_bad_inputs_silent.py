@@ -88,17 +88,21 @@ def test_a_role_run_alone_honours_dry_run(ws: Workspace, capsys: pytest.CaptureF
 
 
 @pytest.mark.slow
-def test_the_orchestrator_alone_stops_on_ctrl_c_while_waiting_for_unreachable_workers(
-    tmp_path: Path, ws: Workspace
+@pytest.mark.parametrize(
+    ("role", "flags"),
+    [
+        # It waited inference.startup_timeout (600 s) for inference.urls that answer nothing, ignoring Ctrl-C.
+        ("orchestrator", ["--inference.urls", '["http://127.0.0.1:9"]']),
+        # It waits trainer.batch_timeout for a batch no orchestrator makes; Ctrl-C was a traceback.
+        ("trainer", []),
+    ],
+)
+def test_a_role_alone_stops_on_ctrl_c_in_one_line_while_it_waits(
+    tmp_path: Path, ws: Workspace, role: str, flags: list[str]
 ) -> None:
-    """It waited inference.startup_timeout (600 s) for inference.urls that answer nothing, ignoring Ctrl-C."""
     RunFolder(tmp_path / "r").prepare("rl", {}, resume=False, overwrite=False)
-    args = ["--model.name", str(ws.model), "--output_dir", str(tmp_path), "--run_name", "r"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "lorarl.cli.orchestrator", *args, "--inference.urls", '["http://127.0.0.1:9"]'],
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    args = ["--model.name", str(ws.model), "--output_dir", str(tmp_path), "--run_name", "r", *flags]
+    proc = subprocess.Popen([sys.executable, "-m", f"lorarl.cli.{role}", *args], stderr=subprocess.PIPE, text=True)
     try:
         time.sleep(15)  # its imports, then the wait
         assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
@@ -106,4 +110,6 @@ def test_the_orchestrator_alone_stops_on_ctrl_c_while_waiting_for_unreachable_wo
         assert proc.wait(timeout=5) == 128 + signal.SIGINT
     finally:
         proc.kill()  # a no-op once it has stopped
-    assert proc.stderr is not None and "stopped by SIGINT" in proc.stderr.read()
+    assert proc.stderr is not None
+    err = proc.stderr.read()
+    assert f"{role}: stopped by SIGINT" in err and "Traceback" not in err, err[-2000:]
