@@ -20,7 +20,7 @@ tokens per step, LoRA rank 8 on the 7 projections, fp32. It measures
 
 (b) and (d) run with the fastest malloc setting found for them, every freed block kept in the heap
 (FASTEST_MALLOC): TRL took 17.7 s/step with glibc's defaults, 15.7 with the policy `rl` gives its
-processes (host_memory.py: blocks under 32 MiB kept) and 12.4 with every block kept.
+processes (cpu/host_memory.py: blocks under 32 MiB kept) and 12.4 with every block kept.
 
 The machine's limit for the workload is the faster of generation and training one after the other,
 each on every core ((a) + (b) on all cores), and the two overlapped on the best split of the cores
@@ -51,7 +51,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from benchmark_async import summarize  # noqa: E402  (the rl runs' summary, one owner)
 
-from lorarl.inference.cpu_cores import available_cores  # noqa: E402
+from lorarl.cpu.cores import available_cores  # noqa: E402
 from lorarl.inference.health import wait_until_healthy  # noqa: E402
 from lorarl.orchestrator.envs.reverse_text import SYSTEM_PROMPT, WORDS  # noqa: E402
 from lorarl.tiny_model import save_tiny_model  # noqa: E402
@@ -61,7 +61,7 @@ PROMPTS, ROLLOUTS, MAX_TOKENS, SEQ_LEN = 16, 8, 32, 128
 # the heap that keep_freed_memory keeps (its fwd/bwd took 12.8 s here against 7.4-7.8 s after it).
 WARMUP = 2
 # The floor's and TRL's malloc: no block mapped, the heap never trimmed (not safe as a default:
-# host_memory.py; fine for these parts, which peak at 6-8 GiB here).
+# cpu/host_memory.py; fine for these parts, which peak at 6-8 GiB here).
 FASTEST_MALLOC = {"GLIBC_TUNABLES": "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=2147483647"}
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 

@@ -27,7 +27,7 @@ from typing import Any, cast
 import torch
 
 from lorarl.config.model import ModelConfig
-from lorarl.host_memory import release_freed_memory
+from lorarl.cpu.host_memory import release_freed_memory
 from lorarl.inference.server import SERVED_BASE
 
 BLOCKSIZE = 64  # elements per NF4 scale, bitsandbytes' default

@@ -13,17 +13,17 @@ from dataclasses import dataclass
 from lorarl.config.common import VLLM_LORA_RANKS
 from lorarl.config.run import RLConfig
 from lorarl.config.serve import ServeConfig, WorkersConfig
-from lorarl.host_memory import malloc_tunables
-from lorarl.inference.cpu_cores import pinned, worker_cores
+from lorarl.cpu.cores import pinned, worker_cores
+from lorarl.cpu.host_memory import malloc_tunables
 from lorarl.variants import variant_configs
 
 # The run folder's copy of a quantized base (quantized_base.py, which imports torch: not here).
 SERVED_BASE = "served_base"
 
 # vLLM worker extensions, imported by the worker processes only (they import vLLM): full fine-tuning's,
-# and LoRA ops on a CPU whose cost does not follow --max-lora-rank (cpu_lora.py).
+# and LoRA ops on a CPU whose cost does not follow --max-lora-rank (cpu/lora_ops.py).
 WEIGHT_RELOAD_EXTENSION = "lorarl.inference.weight_reload.WeightReload"
-CPU_LORA_EXTENSION = "lorarl.inference.cpu_lora.CpuLoRA"
+CPU_LORA_EXTENSION = "lorarl.cpu.lora_ops.CpuLoRA"
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ def vllm_command(
 ) -> list[str]:
     """The command of worker `worker`, serving `adapters` (None: full fine-tuning's whole weights),
     listening on `host` (its node's address where Ray placed it) or inference.host; on a machine without
-    GPUs (`gpus` == 0) confined to its cores (cpu_cores.py)."""
+    GPUs (`gpus` == 0) confined to its cores (cpu/cores.py)."""
     inf = cfg.inference
     reload = ["--worker-extension-cls", WEIGHT_RELOAD_EXTENSION]  # full fine-tuning: weights, no adapters
     serving = reload if adapters is None else lora_args(adapters, gpus, given_max_loras(inf.extra_args) is None)
@@ -158,7 +158,7 @@ def lora_args(adapters: Adapters, gpus: int, with_slots: bool = True) -> list[st
 
 def vllm_env(cfg: WorkersConfig, gpus: str | None = None) -> dict[str, str]:
     """The environment of one worker: `gpus` is its CUDA_VISIBLE_DEVICES (launcher/placement.py),
-    None on a machine without GPUs (then its KV cache and malloc's policy, host_memory.py). Full
+    None on a machine without GPUs (then its KV cache and malloc's policy, cpu/host_memory.py). Full
     fine-tuning reloads weights through /collective_rpc and /reset_prefix_cache, endpoints that vLLM
     serves in its dev mode only."""
     full = cfg.model.full_finetune

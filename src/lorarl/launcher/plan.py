@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from lorarl.config.run import RLConfig
-from lorarl.inference.cpu_cores import available_cores, trainer_threads
+from lorarl.cpu.cores import available_cores, trainer_threads
 from lorarl.inference.server import rl_adapters, vllm_command, vllm_env, worker_urls
 from lorarl.launcher.memory_plan import serves_expert_lora
 from lorarl.launcher.placement import Placement, cuda_visible_devices

@@ -25,7 +25,7 @@ import sys
 
 from lorarl import exit_codes
 from lorarl.config.serve import ServeConfig
-from lorarl.inference.cpu_cores import available_cores, trainer_threads
+from lorarl.cpu.cores import available_cores, trainer_threads
 from lorarl.inference.health import wait_until_healthy
 from lorarl.inference.server import serve_adapters, vllm_command, vllm_env, worker_urls
 from lorarl.launcher.placement import Placement, cuda_visible_devices

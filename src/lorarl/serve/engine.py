@@ -54,7 +54,7 @@ from transformers import PreTrainedModel
 from lorarl.config.algorithms import LOSS_TYPES, LossBase
 from lorarl.config.model import LoraConfig
 from lorarl.config.serve import ServeConfig
-from lorarl.host_memory import set_host_malloc
+from lorarl.cpu.host_memory import set_host_malloc
 from lorarl.run_folder import RunFolderError, write_folder_atomically
 from lorarl.serve.ops import (
     AdamParams,

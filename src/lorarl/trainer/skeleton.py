@@ -29,7 +29,7 @@ import torch
 from lorarl.config.run import MonitorConfig, RLConfig
 from lorarl.config.sft import SFTConfig
 from lorarl.config.trainer import TrainerConfig
-from lorarl.host_memory import set_host_malloc
+from lorarl.cpu.host_memory import set_host_malloc
 from lorarl.monitor.metrics import MetricsLogger
 from lorarl.run_folder import RunFolder
 from lorarl.trainer.batching import MicroBatch, TrainSample

@@ -23,7 +23,7 @@ import peft
 import torch
 
 from lorarl.config.run import RLConfig
-from lorarl.host_memory import set_host_malloc
+from lorarl.cpu.host_memory import set_host_malloc
 from lorarl.run_folder import RunFolder
 from lorarl.trainer.checkpoint import find_checkpoint, load_weights
 from lorarl.trainer.distributed import init_data_parallel

@@ -18,7 +18,7 @@ def test_lora_rank_rounds_up_to_a_rank_vllm_accepts(rank: int, expected: int) ->
     assert vllm_max_lora_rank(rank) == expected
 
 
-# malloc's policy for CPU workers (host_memory.py): keep what a step frees, or return it.
+# malloc's policy for CPU workers (cpu/host_memory.py): keep what a step frees, or return it.
 KEEP = {"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=2147483647"}
 RETURN = "glibc.malloc.mmap_threshold=131072"
 
@@ -47,7 +47,7 @@ def test_vllm_command_derives_lora_flags_from_the_config(tmp_path: Path) -> None
 
 
 def test_cpu_workers_serve_adapters_with_lorarls_cpu_lora_ops_and_gpu_workers_with_vllms(tmp_path: Path) -> None:
-    extension = ["--worker-extension-cls", "lorarl.inference.cpu_lora.CpuLoRA"]
+    extension = ["--worker-extension-cls", "lorarl.cpu.lora_ops.CpuLoRA"]
     cpu = worker_command(cfg(tmp_path), 0)
     assert cpu[cpu.index("--worker-extension-cls") :][:2] == extension
     assert "--worker-extension-cls" not in worker_command(cfg(tmp_path), 2)

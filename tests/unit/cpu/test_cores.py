@@ -5,7 +5,7 @@ import sys
 import pytest
 
 from lorarl.config.run import RLConfig
-from lorarl.inference.cpu_cores import omp_threads_bind, trainer_threads, worker_cores
+from lorarl.cpu.cores import omp_threads_bind, trainer_threads, worker_cores
 from lorarl.launcher.plan import worker_command
 
 
@@ -49,7 +49,7 @@ def test_taking_turns_gives_the_workers_every_core_and_the_trainer_too() -> None
 
 def test_the_cpu_command_is_pinned_and_on_gpus_it_is_not() -> None:
     cmd = worker_command(cfg(), 0)
-    assert cmd[1:5] == ["-m", "lorarl.inference.cpu_cores", omp_threads_bind(worker_cores(cfg(), 0)), "--"]
+    assert cmd[1:5] == ["-m", "lorarl.cpu.cores", omp_threads_bind(worker_cores(cfg(), 0)), "--"]
     assert cmd[5:8] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
     assert worker_command(RLConfig(model={"name": "m"}), 2)[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
 
@@ -60,7 +60,7 @@ def test_the_wrapper_confines_the_command_and_binds_its_threads() -> None:
     probe = "import os; print(sorted(os.sched_getaffinity(0)), os.environ['VLLM_CPU_OMP_THREADS_BIND'])"
     env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_OMP_THREADS_BIND"}
     out = subprocess.run(
-        [sys.executable, "-m", "lorarl.inference.cpu_cores", str(core), "--", sys.executable, "-c", probe],
+        [sys.executable, "-m", "lorarl.cpu.cores", str(core), "--", sys.executable, "-c", probe],
         capture_output=True, text=True, check=True, env=env,
     ).stdout  # fmt: skip
     assert out.split() == [f"[{core}]", str(core)]

@@ -1,4 +1,4 @@
-"""The LM head's LoRA on vLLM-CPU (inference/cpu_lora.py): the logits of sampled rows get it as
+"""The LM head's LoRA on vLLM-CPU (cpu/lora_ops.py): the logits of sampled rows get it as
 vLLM's do; the logits of a request's prompt tokens (prompt_logprobs, the served-adapter check's
 probe), which vLLM maps with the sampled rows' indices, are left alone instead of crashing the engine
 (an IndexError once a batch mixed adapters)."""
@@ -11,7 +11,7 @@ from typing import Any, cast
 import torch
 from vllm.lora.punica_wrapper import punica_cpu
 
-from lorarl.inference import cpu_lora
+from lorarl.cpu import lora_ops
 
 SLOTS, RANK, WIDTH, VOCAB = 2, 4, 8, 16
 
@@ -27,7 +27,7 @@ def logits_lora(rows: int, sampler_indices: list[int]) -> torch.Tensor:
 
 
 def test_sampled_rows_get_their_adapters_lm_head_lora() -> None:
-    assert punica_cpu.PunicaWrapperCPU.add_lora_logits is cpu_lora.add_lora_logits  # installed on import
+    assert punica_cpu.PunicaWrapperCPU.add_lora_logits is lora_ops.add_lora_logits  # installed on import
     added = logits_lora(3, [0, 1, 1])
     assert added.abs().sum(dim=1).gt(0).all()  # every row got its adapter's LM-head LoRA
 

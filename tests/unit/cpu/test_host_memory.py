@@ -1,4 +1,4 @@
-"""malloc's policy on a CPU (host_memory.py), measured with glibc's own accounting in fresh processes
+"""malloc's policy on a CPU (cpu/host_memory.py), measured with glibc's own accounting in fresh processes
 (the setting is process-wide): kept, a freed block under 32 MiB is reused from the heap instead of
 mapped again; returned, a block of 128 KiB or more is mapped, so that freeing it unmaps it."""
 
@@ -11,14 +11,14 @@ import sys
 
 import pytest
 
-from lorarl.host_memory import malloc_tunables
+from lorarl.cpu.host_memory import malloc_tunables
 
 # Frees a 16 MiB tensor (which raises glibc's dynamic mmap threshold to 16 MiB), then allocates 1, 24
 # and 64 MiB and prints how many MiB of each glibc mmapped (mallinfo2's hblkhd), and the heap's size
 # (arena) after they are freed: an mmapped block is unmapped when freed, a heap block stays.
 PROBE = """
 import ctypes, json, sys, torch
-from lorarl.host_memory import set_host_malloc
+from lorarl.cpu.host_memory import set_host_malloc
 class MallInfo2(ctypes.Structure):
     names = "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost"
     _fields_ = [(n, ctypes.c_size_t) for n in names.split()]

@@ -15,7 +15,7 @@ in one of two ways (inference.time_share):
   only while the trainer waits for a batch.
 
 Either way a worker's whole process tree (API server, engine, workers) is confined to its cores
-(`python -m lorarl.inference.cpu_cores 0|1 -- vllm ...` sets the affinity and execs vLLM), and its
+(`python -m lorarl.cpu.cores 0|1 -- vllm ...` sets the affinity and execs vLLM), and its
 OpenMP threads are bound to them, one list per tensor-parallel rank (VLLM_CPU_OMP_THREADS_BIND).
 
 By hand (a server started apart, or another split): `taskset -c 0-3 env VLLM_CPU_OMP_THREADS_BIND=0-3
@@ -83,15 +83,15 @@ def omp_threads_bind(ranks: list[list[int]]) -> str:
 def pinned(cmd: list[str], ranks: list[list[int]]) -> list[str]:
     """`cmd` (a vLLM server) run confined to the cores of `ranks`, children included (affinity is
     inherited), with its OpenMP threads bound to them rank by rank."""
-    return [sys.executable, "-m", "lorarl.inference.cpu_cores", omp_threads_bind(ranks), "--", *cmd]
+    return [sys.executable, "-m", "lorarl.cpu.cores", omp_threads_bind(ranks), "--", *cmd]
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m lorarl.inference.cpu_cores 0,1|2,3 -- cmd ...`: exec cmd on cores 0 to 3 only, with
+    """`python -m lorarl.cpu.cores 0,1|2,3 -- cmd ...`: exec cmd on cores 0 to 3 only, with
     VLLM_CPU_OMP_THREADS_BIND=0,1|2,3 (unless the environment sets it already: a hand-made binding wins)."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) < 3 or args[1] != "--":
-        raise SystemExit("usage: python -m lorarl.inference.cpu_cores CORES[|CORES...] -- command ...")
+        raise SystemExit("usage: python -m lorarl.cpu.cores CORES[|CORES...] -- command ...")
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {int(c) for rank in args[0].split("|") for c in rank.split(",")})
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", args[0])

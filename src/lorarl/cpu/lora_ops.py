@@ -23,7 +23,7 @@ from vllm.lora.ops.torch_ops import lora_ops
 from vllm.lora.punica_wrapper import punica_cpu
 from vllm.platforms import current_platform
 
-from lorarl.inference import worker_idle
+from lorarl.cpu import worker_idle
 
 
 def lora_matmul(inputs: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

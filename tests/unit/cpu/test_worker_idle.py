@@ -1,4 +1,4 @@
-"""The vLLM CPU worker's short busy loop (inference/worker_idle.py), on vLLM's own SpinCondition."""
+"""The vLLM CPU worker's short busy loop (cpu/worker_idle.py), on vLLM's own SpinCondition."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from types import SimpleNamespace
 
 from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
 
-from lorarl.inference import cpu_lora, worker_idle
+from lorarl.cpu import lora_ops, worker_idle
 
 
 def test_the_worker_extension_installs_it_and_waits_spin_briefly() -> None:
-    assert cpu_lora.worker_idle is worker_idle  # importing the extension installed it (this is a CPU)
+    assert lora_ops.worker_idle is worker_idle  # importing the extension installed it (this is a CPU)
     assert getattr(SpinCondition.wait, "lorarl", False)
     worker_idle.install()  # twice: still one wrapper
     assert getattr(SpinCondition.wait, "lorarl", False)

@@ -11,7 +11,7 @@ import torch
 from vllm.lora.ops.torch_ops import lora_ops
 from vllm.lora.punica_wrapper import punica_cpu
 
-from lorarl.inference import cpu_lora
+from lorarl.cpu import lora_ops as cpu_lora
 
 SLOTS, RANK, WIDTH, OUT = 4, 16, 48, 40
 
@@ -132,6 +132,6 @@ def test_on_another_platform_importing_it_patches_nothing(monkeypatch: pytest.Mo
     from vllm.platforms import current_platform
 
     monkeypatch.setattr(current_platform, "is_cpu", lambda: False)
-    fresh = fresh_copy("lorarl.inference.cpu_lora")
+    fresh = fresh_copy("lorarl.cpu.lora_ops")
     for module in (lora_ops, punica_cpu):
         assert module.bgmv_shrink is not fresh.bgmv_shrink and module.bgmv_shrink is cpu_lora.bgmv_shrink
