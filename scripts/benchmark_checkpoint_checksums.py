@@ -23,7 +23,7 @@ import torch
 from safetensors.torch import save_file
 
 from lorarl.run_folder import write_folder_atomically
-from lorarl.written import manifest_problem
+from lorarl.written_files import manifest_problem
 
 
 def checkpoint_writer(adapter_mb: int) -> Callable[[Path], None]:

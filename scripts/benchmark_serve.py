@@ -114,7 +114,7 @@ def trainer_step_seconds(model: str, batch: list[types.Datum], steps: int, threa
     from lorarl.trainer.loss import LossNorm, micro_batch_loss
     from lorarl.trainer.model import apply_lora, load_model, trainable_parameters
     from lorarl.trainer.packing import ForwardPasses
-    from lorarl.trainer.skeleton import forward_backward_step
+    from lorarl.trainer.trainer import forward_backward_step
 
     peft_model = apply_lora(load_model(ModelConfig(name=model)), LoraConfig(rank=8))
     samples = []

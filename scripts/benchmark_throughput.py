@@ -139,16 +139,16 @@ def training_floor(model: Path, steps: int, threads: int) -> dict[str, float]:
     and, alternating with it on the same samples and threads, lorarl's trainer step (its loss, packing
     and `forward_backward_step`): "fwd_bwd_s" is the floor's forward/backward, "lorarl_fwd_bwd_s" the
     trainer's with shared prompts (rl's default), "unshared_fwd_bwd_s" without, no vLLM beside it;
-    "probe_s": the trainer's share of the served-adapter check, scoring its probe (trainer/probe.py)."""
+    "probe_s": the trainer's share of the served-adapter check, scoring its probe (trainer/served_probe.py)."""
     import peft
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from lorarl.config.algorithms import PPOLoss
     from lorarl.trainer.batching import TrainSample
     from lorarl.trainer.packing import ForwardPasses
-    from lorarl.trainer.probe import build_probe, score_probe
     from lorarl.trainer.rl import policy_gradient_loss
-    from lorarl.trainer.skeleton import forward_backward_step
+    from lorarl.trainer.served_probe import build_probe, score_probe
+    from lorarl.trainer.trainer import forward_backward_step
 
     torch.set_num_threads(threads)
     tok = AutoTokenizer.from_pretrained(model)

@@ -154,7 +154,7 @@ def measure(case: Case) -> dict[str, float]:
     from lorarl.trainer.optim import build_optimizer
     from lorarl.trainer.packing import ForwardPasses
     from lorarl.trainer.rl import policy_gradient_loss
-    from lorarl.trainer.skeleton import forward_backward_step
+    from lorarl.trainer.trainer import forward_backward_step
 
     torch.manual_seed(0)
     attention = ModelConfig.model_fields["attn_implementation"].default

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from lorarl.launcher.preflight import check_model
 from lorarl.run_folder import unwritable
-from lorarl.written import MANIFEST, foreign_files, link_in_way, link_refusal
+from lorarl.written_files import MANIFEST, foreign_files, link_in_way, link_refusal
 
 log = logging.getLogger("lorarl.merge")
 # Written into every merge output: only a folder with it may be replaced (with --overwrite).

@@ -11,7 +11,7 @@ vLLM must sample from those same weights, or every importance ratio carries the 
 CPU build of vLLM has no bitsandbytes, and a GPU build's own NF4 path was not shown to reproduce these
 bytes, so lorarl writes once the base as the trainer sees it (each 4-bit weight dequantized to
 model.dtype, exactly what the layer multiplies with) into the run folder's served_base/, a folder
-written whole and recorded (written.py), and serves that.
+written whole and recorded (written_files.py), and serves that.
 
 PEFT's prepare_model_for_kbit_training is not called: besides what lorarl does anyway (a frozen base,
 non-reentrant gradient checkpointing), it casts every bfloat16 weight left unquantized to float32, which
@@ -201,7 +201,7 @@ def write_served_base(cfg: ModelConfig, folder: Path) -> None:
 def ensure_served_base(cfg: ModelConfig, run_root: Path) -> Path:
     """The run folder's served_base/, written now unless a whole one is there (a resumed run's)."""
     from lorarl.run_folder import write_folder_atomically
-    from lorarl.written import manifest_problem
+    from lorarl.written_files import manifest_problem
 
     folder = run_root / SERVED_BASE
     if manifest_problem(folder, checksums=False) is not None:

@@ -1,7 +1,7 @@
 """The run folder (`output_dir/run_name/`): the one place that knows its layout.
 
     run.json              the marker: lorarl wrote this folder (kind, run name, config hash, start)
-    .lorarl-written       the record of the files lorarl wrote here (written.py)
+    .lorarl-written       the record of the files lorarl wrote here (written_files.py)
     configs/  logs/       per-process configs and commands; one log per process
     rollouts/step_N/      the batch for trainer step N
     broadcasts/step_N/    the adapter after step N (PEFT folder, STABLE last; updated_at.json: when
@@ -16,7 +16,7 @@ samples/<variant>/step_N.jsonl, through its view `RunFolder.for_variant(name)`; 
 
 Folders that another process reads are written under a temporary name and renamed, and adapter
 folders get `STABLE` last, so a reader never sees a half-written step. Every file lorarl writes here
-is in the folder's record (written.py); a folder is cleared only if its marker says lorarl wrote it,
+is in the folder's record (written_files.py); a folder is cleared only if its marker says lorarl wrote it,
 and then only of the files its record lists: a user's files are never touched, and where one would
 mislead the run (a stale batch or checkpoint among lorarl's), the run is refused naming it. lorarl
 makes no symbolic links: one at the record, the marker or anywhere under what it writes here leads to
@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from lorarl import run_identity
-from lorarl.written import (
+from lorarl.written_files import (
     MANIFEST,
     STABLE,
     foreign_files,
@@ -67,7 +67,7 @@ METRICS = "metrics.jsonl"
 BATCH_FILE = "rollouts.jsonl"  # in rollouts/step_N/: one rollout per line
 LOCK = ".lock"  # held (flock) by the `rl` or `sft` process while the run is alive
 UPDATED_AT = "updated_at.json"  # in broadcasts/step_N/: {"time": Unix time its optimizer step ended}
-# In broadcasts/step_N/: the served-adapter check's probe, {"sequences", "logprobs", "base"} (trainer/probe.py).
+# In broadcasts/step_N/: the served-adapter check's probe, {"sequences", "logprobs", "base"} (trainer/served_probe.py).
 PROBE_FILE = "served_probe.json"
 _STEP = re.compile(r"^step_(\d+)$")
 _NAME_MAX = 255  # bytes in one file name, on every file system lorarl runs on
@@ -464,7 +464,7 @@ def write_folder_atomically(
     old folder, no folder, or the new one, never a mix.
 
     MANIFEST.json (every file and its size; with `checksums` its SHA-256 too) is written last: it is
-    the record of the folder's files (written.py) and lets a reader verify the folder is whole
+    the record of the folder's files (written_files.py) and lets a reader verify the folder is whole
     (`manifest_problem`). With `stable_marker`, an empty `STABLE` file is added after the rename, for
     readers that poll for it (vLLM adapter loading). Files that the folder at `dest` held and lorarl
     did not write move into the new one; one that the new folder also has is refused (RunFolderError,

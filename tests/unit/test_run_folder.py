@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from lorarl.run_folder import DiskFull, RunFolder, RunFolderError, write_folder_atomically
-from lorarl.written import RECORD, record_written, recorded, written_files
+from lorarl.written_files import RECORD, record_written, recorded, written_files
 
 
 def test_latest_stable_broadcast_ignores_unfinished_folders(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from lorarl.launcher.memory_plan import rl_memory_plan
 from lorarl.launcher.plan import plan_run
 from lorarl.launcher.preflight import PreflightError, check_rl
 from lorarl.run_folder import RunFolder, RunFolderError
-from lorarl.written import record_written
+from lorarl.written_files import record_written
 
 log = logging.getLogger("lorarl.rl")
 

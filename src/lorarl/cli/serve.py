@@ -16,7 +16,7 @@ from lorarl.launcher.memory_plan import serve_memory_plan
 from lorarl.launcher.preflight import PreflightError, check_serve
 from lorarl.run_folder import RunFolderError
 from lorarl.serve.folder import ServeFolder
-from lorarl.written import record_written
+from lorarl.written_files import record_written
 
 log = logging.getLogger("lorarl.serve")
 

@@ -372,7 +372,7 @@ def rl_memory_plan(
     shape = model_shape(cfg.model.name)
     if shape is None:
         return MemoryPlan(f"memory plan: none, the shape of {cfg.model.name} is unknown here (no config.json found)")
-    # Ray bundles ask for GPUs where this machine has them or a dry run pretends to (bundles.py).
+    # Ray bundles ask for GPUs where this machine has them or a dry run pretends to (ray_bundles.py).
     on_gpu = placement.on_gpu or (placement.ray and (gpus if gpus is not None else placement.gpus) > 0)
     device_gib, how = device_memory(device_memory_gib, placement.pretended) if on_gpu else (ram_gib(), "")
     plan = MemoryPlan(_header(shape, device_gib, how))

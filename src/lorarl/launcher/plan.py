@@ -15,7 +15,7 @@ from lorarl.inference.server import rl_adapters, vllm_command, vllm_env, worker_
 from lorarl.launcher.memory_plan import serves_expert_lora
 from lorarl.launcher.placement import Placement, cuda_visible_devices
 from lorarl.run_folder import RunFolder
-from lorarl.written import record_written
+from lorarl.written_files import record_written
 
 Role = Literal["inference", "orchestrator", "trainer"]
 _SHARED = {"max_steps", "seq_len", "output_dir", "run_name", "seed", "monitor", "resume", "variants",

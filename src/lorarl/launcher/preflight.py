@@ -37,7 +37,6 @@ from lorarl.config.serve import ServeConfig
 from lorarl.config.sft import SFTConfig
 from lorarl.inference.health import check_served_model
 from lorarl.inference.server import adapter_slots, given_max_loras
-from lorarl.launcher.bundles import plan_bundles, ray_placement
 from lorarl.launcher.memory_plan import (
     AdapterError,
     MemoryPlan,
@@ -49,6 +48,7 @@ from lorarl.launcher.memory_plan import (
     sft_memory_plan,
 )
 from lorarl.launcher.placement import Placement, place, visible_gpus
+from lorarl.launcher.ray_bundles import plan_bundles, ray_placement
 from lorarl.orchestrator import envs
 from lorarl.orchestrator.advantages import import_estimator
 from lorarl.orchestrator.envs import check_environment

@@ -1,6 +1,6 @@
 """`RayCluster`: the `Supervisor` of an `rl` run on a Ray cluster (cluster.backend = "ray").
 
-Each vLLM worker and each trainer rank gets a bundle of one placement group (bundles.py) and, in
+Each vLLM worker and each trainer rank gets a bundle of one placement group (ray_bundles.py) and, in
 it, a small actor, `ProcessHost`, that runs the very command `rl` runs locally (plan.py) with a
 `Supervisor` of its own on that node: same entry point, own process group, log in the run folder's
 logs/ (with cluster.shared_fs = false, in the node's copy, fetched at the end). The orchestrator
@@ -32,13 +32,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from lorarl.config.run import RLConfig
-from lorarl.launcher.bundles import Bundle, plan_bundles, ray_placement
 from lorarl.launcher.placement import Placement
 from lorarl.launcher.plan import ProcessSpec
+from lorarl.launcher.ray_bundles import Bundle, plan_bundles, ray_placement
 from lorarl.launcher.relay import Relay, read_lines, write_file
 from lorarl.launcher.supervisor import Supervisor
 from lorarl.run_folder import MARKER, RunFolder
-from lorarl.written import record_written
+from lorarl.written_files import record_written
 
 log = logging.getLogger("lorarl.rl")
 T = TypeVar("T")

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from lorarl.run_folder import STABLE, RunFolder, step_folders, write_folder_atomically
-from lorarl.written import MANIFEST, remove_folder
+from lorarl.written_files import MANIFEST, remove_folder
 
 log = logging.getLogger("lorarl.rl")
 

@@ -33,7 +33,7 @@ from lorarl.launcher.plan import ProcessSpec
 from lorarl.launcher.supervisor import Supervisor
 from lorarl.serve.folder import ServeFolder
 from lorarl.serve.rpc import AUTHKEY_ENV
-from lorarl.written import record_written
+from lorarl.written_files import record_written
 
 log = logging.getLogger("lorarl.serve")
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import psutil
 
 from lorarl.launcher.plan import ProcessSpec
-from lorarl.written import record_written
+from lorarl.written_files import record_written
 
 log = logging.getLogger("lorarl.rl")
 KILL_WAIT = 5.0  # seconds for SIGKILLed processes to be gone (their memory freed) before a restart

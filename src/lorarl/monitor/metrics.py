@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from lorarl.config.run import MonitorConfig
-from lorarl.written import record_written
+from lorarl.written_files import record_written
 
 
 class MetricsLogger:

@@ -5,7 +5,7 @@ overview PNG puts them all in one grid. A panel whose metrics no run has is left
 runs apart; with a single run they tell the panel's metrics apart instead, which then reads better
 than line styles. Figures are drawn without pyplot, so no display or backend is involved.
 
-The PNGs go into the folder's record of what lorarl wrote (written.py): a plot replaces only a PNG
+The PNGs go into the folder's record of what lorarl wrote (written_files.py): a plot replaces only a PNG
 that lorarl wrote, and a user's file of the same name is refused, naming it, before anything is drawn.
 """
 
@@ -27,7 +27,7 @@ from matplotlib.ticker import MaxNLocator
 from matplotlib.typing import LineStyleType
 
 from lorarl.run_folder import METRICS, RunFolder, unwritable
-from lorarl.written import link_in_way, link_refusal, record, record_root, written_files
+from lorarl.written_files import link_in_way, link_refusal, record, record_root, written_files
 
 OVERVIEW = "overview.png"
 # Line styles tell a panel's metrics apart when colours tell runs apart.

@@ -19,7 +19,7 @@ from pathlib import Path
 from lorarl.inference.client import AdapterNameTaken
 from lorarl.inference.pool import WorkerPool
 from lorarl.run_folder import RunFolder
-from lorarl.written import remove_folder
+from lorarl.written_files import remove_folder
 
 log = logging.getLogger("lorarl.orchestrator")
 

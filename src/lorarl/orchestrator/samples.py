@@ -12,7 +12,7 @@ from itertools import islice
 from lorarl.monitor.metrics import MetricsLogger
 from lorarl.orchestrator.groups import Group
 from lorarl.run_folder import RunFolder
-from lorarl.written import record_written
+from lorarl.written_files import record_written
 
 
 def write_samples(run: RunFolder, step: int, groups: list[Group], num: int, metrics: MetricsLogger) -> None:

@@ -5,7 +5,7 @@ The most common silent failure of LoRA RL is sampling from a policy other than t
 adapter that did not load, a worker serving the base model, a stale version under a reused name,
 another base model. The logprob gap of the trained tokens hides these behind the policy's own change
 (max_async_level >= 1). So each version is checked on each worker before any of its rollouts go
-there: the worker scores the trainer's probe (trainer/probe.py, written beside the adapter) through
+there: the worker scores the trainer's probe (trainer/served_probe.py, written beside the adapter) through
 the served adapter name with vLLM's prompt logprobs, and per token
 * served vs trainer: max |Δ logprob| must be within the tolerance (it follows the dtype);
 * served vs base: where the trainer's version differs from the base model, a worker whose logprobs

@@ -85,9 +85,9 @@ from lorarl.trainer.model import (
     save_adapter,
 )
 from lorarl.trainer.packing import ForwardPasses, PackedBatch
-from lorarl.trainer.probe import attach_probe
+from lorarl.trainer.served_probe import attach_probe
 from lorarl.trainer.update_watch import largest_weight
-from lorarl.written import manifest_problem
+from lorarl.written_files import manifest_problem
 
 log = logging.getLogger("lorarl.serve.engine")
 

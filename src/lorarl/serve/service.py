@@ -37,7 +37,7 @@ from lorarl.serve.sampling import Sampler, SamplerAdapter, SamplingParams
 from lorarl.serve.scheduler import TenantQueues
 from lorarl.serve.store import DONE, FAILED, Checkpoint, Store
 from lorarl.serve.wire import PROTOBUF, encode_forward_backward, encode_sample
-from lorarl.written import remove_folder
+from lorarl.written_files import remove_folder
 
 log = logging.getLogger("lorarl.serve")
 JSON = "application/json"

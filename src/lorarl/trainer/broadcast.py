@@ -12,7 +12,7 @@ from lorarl.run_folder import PROBE_FILE, UPDATED_AT, write_folder_atomically
 from lorarl.trainer.distributed import is_main_process
 from lorarl.trainer.fsdp import gathered_weights
 from lorarl.trainer.model import TrainedModel, save_adapter
-from lorarl.trainer.probe import probe_file_text
+from lorarl.trainer.served_probe import probe_file_text
 
 
 def write_policy(model: TrainedModel, folder: Path, updated_at: float | None = None) -> None:
@@ -22,7 +22,7 @@ def write_policy(model: TrainedModel, folder: Path, updated_at: float | None = N
     Rank 0 alone writes.
     `updated_at`: when the optimizer step that made these weights ended (time.time()), written beside
     them so that the orchestrator can tell how long the hand-off to vLLM took (perf/adapter_live_s).
-    With the served-adapter check, the probe's logprobs under these weights go beside them (probe.py)."""
+    With the served-adapter check, the probe's logprobs under these weights go beside them (served_probe.py)."""
     weights = gathered_weights(model)
     probe = probe_file_text(model)
     if not is_main_process():

@@ -5,7 +5,7 @@ gradients gives exactly the single-process gradient; the adapter stays identical
 and rank 0 alone writes broadcasts, checkpoints and metrics. With `fsdp` the ranks also shard the
 model's weights (fsdp.py): every forward pass and every save then gathers from all ranks, so the
 loops save on every rank (rank 0 writes) and every rank makes as many passes as the others
-(`same_passes`, which skeleton.py runs for both loops).
+(`same_passes`, which trainer.py runs for both loops).
 """
 
 from __future__ import annotations

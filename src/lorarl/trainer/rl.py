@@ -10,8 +10,8 @@ is written as version N.
 The forward passes take `micro_batch_size` samples each, one per padded row, or with `packing`
 (the default) `micro_batch_size` rows of up to `seq_len` tokens, several samples to a row, each
 group's shared prompt once (`trainer.share_prompts`, packing.py).
-Set-up, resume, the data-parallel forward/backward pass and the optimizer step are the skeleton's
-that SFT shares (skeleton.py); this loop adds the rollouts, the policy loss and the broadcasts.
+Set-up, resume, the data-parallel forward/backward pass and the optimizer step are the Trainer's
+that SFT shares (trainer.py); this loop adds the rollouts, the policy loss and the broadcasts.
 A sweep ([[variants]]) runs the same step (`train_step`) for each variant's adapter in turn, all on
 one base model (trainer/variants.py).
 """
@@ -46,9 +46,9 @@ from lorarl.trainer.model import (
 )
 from lorarl.trainer.packing import PackedBatch
 from lorarl.trainer.policy_gap import PolicyHistory, step_policy_gap
-from lorarl.trainer.probe import attach_probe
-from lorarl.trainer.skeleton import Model, PassLoss, Trainer, forward_backward_step
-from lorarl.written import remove_folder
+from lorarl.trainer.served_probe import attach_probe
+from lorarl.trainer.trainer import Model, PassLoss, Trainer, forward_backward_step
+from lorarl.written_files import remove_folder
 
 log = logging.getLogger("lorarl.trainer")
 

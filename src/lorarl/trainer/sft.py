@@ -8,8 +8,8 @@ every `ckpt.interval` steps it writes a checkpoint that `--resume` continues fro
 in `<run_dir>/final/`, which an RL config starts from with `model.lora.init_adapter`. With
 `parallel.dp` N ranks train on shares of every step (distributed.py); `parallel.fsdp` also shards
 the weights over them (fsdp.py), LoRA or full fine-tuning alike. Set-up, resume, the
-data-parallel forward/backward pass and the optimizer step are the skeleton's that RL shares
-(skeleton.py); this loop adds the data order, the NLL loss, evaluation and the result folder.
+data-parallel forward/backward pass and the optimizer step are the Trainer's that RL shares
+(trainer.py); this loop adds the data order, the NLL loss, evaluation and the result folder.
 A run whose update made weights NaN or infinite, or whose gradient stays 0 (too high a learning
 rate), stops there (update_watch.py's `TrainingStopped`): no checkpoint, eval or `final/` from them.
 """
@@ -36,8 +36,8 @@ from lorarl.trainer.loss import token_logprobs
 from lorarl.trainer.model import TrainedModel, apply_lora, load_model, note_quantized_base
 from lorarl.trainer.packing import ForwardPasses, PackedBatch
 from lorarl.trainer.sft_data import DataOrder, load_sft_data
-from lorarl.trainer.skeleton import PassLoss, Trainer, forward_backward_step, rank_passes
-from lorarl.written import record_written
+from lorarl.trainer.trainer import PassLoss, Trainer, forward_backward_step, rank_passes
+from lorarl.written_files import record_written
 
 log = logging.getLogger("lorarl.sft")
 

@@ -1,5 +1,5 @@
 """`UpdateWatch`: the trainer's guard against training gone wrong beyond repair, in one object that
-`Trainer` (skeleton.py) holds, so the loops and the optimizer step carry none of its state.
+`Trainer` (trainer.py) holds, so the loops and the optimizer step carry none of its state.
 
 It stops the run (`TrainingStopped`) on an update that made a weight NaN or infinite, on too many
 non-finite gradients in a row (each such step is skipped: no weight changes), and on a gradient that

@@ -10,7 +10,7 @@ trainable, holds its parameters alone. One variant's gradient or optimizer state
 another's: given the same batches, a variant trains the adapter it would train in a run of its own
 (tests/unit/trainer/test_variants.py), up to float noise.
 
-Each variant is a `Trainer` (skeleton.py) of its own over the shared model, with its effective
+Each variant is a `Trainer` (trainer.py) of its own over the shared model, with its effective
 config and its view of the run folder (its rollouts, broadcasts and checkpoints).
 """
 
@@ -35,9 +35,9 @@ from lorarl.trainer.model import (
     load_model,
 )
 from lorarl.trainer.policy_gap import PolicyHistory
-from lorarl.trainer.probe import attach_probe
 from lorarl.trainer.rl import train_step, write_starting_adapter
-from lorarl.trainer.skeleton import Trainer, log_parameters
+from lorarl.trainer.served_probe import attach_probe
+from lorarl.trainer.trainer import Trainer, log_parameters
 from lorarl.variants import Variant, variants_of
 
 log = logging.getLogger("lorarl.trainer")

@@ -26,7 +26,7 @@ from lorarl.serve.sampling import Sampler, SamplerAdapter, SamplingParams
 from lorarl.trainer.batching import MicroBatch
 from lorarl.trainer.broadcast import write_policy
 from lorarl.trainer.loss import token_logprobs
-from lorarl.trainer.probe import attach_probe
+from lorarl.trainer.served_probe import attach_probe
 from tests.conftest import API_KEY
 
 pytestmark = pytest.mark.integration

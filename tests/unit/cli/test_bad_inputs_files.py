@@ -17,7 +17,7 @@ import pytest
 
 from lorarl.cli import merge, plot, rl
 from lorarl.run_folder import RunFolder
-from lorarl.written import MANIFEST, RECORD
+from lorarl.written_files import MANIFEST, RECORD
 from tests.unit.cli.bad_inputs import Case, Workspace, assert_refused, case_ids, merge_args, rl_args, sft_args
 
 LONG = "r" * 201  # one more than run_name allows

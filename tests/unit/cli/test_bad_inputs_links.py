@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from lorarl.run_folder import RunFolder
-from lorarl.written import MANIFEST, RECORD, record
+from lorarl.written_files import MANIFEST, RECORD, record
 from tests.unit.cli.bad_inputs import Case, Workspace, assert_refused, case_ids, merge_args
 
 ROW = json.dumps({"step": 1, "component": "trainer", "loss": 0.5})

@@ -21,7 +21,7 @@ from lorarl.launcher.memory_plan import MemoryPlan, adapter_parameters, model_sh
 from lorarl.launcher.placement import place
 from lorarl.run_folder import MARKER
 from lorarl.trainer.model import peft_lora_config
-from lorarl.written import RECORD
+from lorarl.written_files import RECORD
 from tests.unit.test_learning_check import script
 
 REPO = Path(__file__).resolve().parents[3]

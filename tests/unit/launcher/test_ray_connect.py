@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from lorarl.config.run import RLConfig
-from lorarl.launcher.bundles import plan_bundles
+from lorarl.launcher.ray_bundles import plan_bundles
 from lorarl.launcher.ray_cluster import ClusterError, RayCluster, first_line, init_ray, unreachable
 from lorarl.run_folder import RunFolder
 

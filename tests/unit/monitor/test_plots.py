@@ -15,7 +15,7 @@ from matplotlib.image import imread
 
 from lorarl.cli.plot import main
 from lorarl.monitor.plots import load_runs, run_labels
-from lorarl.written import recorded
+from lorarl.written_files import recorded
 
 RL_PANELS = ["reward", "reward_by_function", "eval", "policy_lag", "mismatch", "entropy", "grad_norm", "loss",
              "step_time", "throughput"]  # fmt: skip

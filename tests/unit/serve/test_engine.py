@@ -32,7 +32,7 @@ from lorarl.serve.ops import (
     SaveForSampler,
     SaveState,
 )
-from lorarl.written import STABLE
+from lorarl.written_files import STABLE
 
 ID = "s000000000001:train:0"
 

@@ -25,7 +25,7 @@ from lorarl.trainer.loss import LossNorm, micro_batch_loss, policy_loss, token_l
 from lorarl.trainer.model import apply_lora, enable_gradient_checkpointing
 from lorarl.trainer.packing import PackedBatch
 from lorarl.trainer.rl import policy_gradient_loss, train
-from lorarl.trainer.skeleton import forward_backward_step, forward_passes
+from lorarl.trainer.trainer import forward_backward_step, forward_passes
 
 TEMPERATURE = 0.8
 

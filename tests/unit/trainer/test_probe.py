@@ -1,4 +1,4 @@
-"""The served-adapter check's probe on the trainer's side (trainer/probe.py), with a real tiny model,
+"""The served-adapter check's probe on the trainer's side (trainer/served_probe.py), with a real tiny model,
 tokenizer and PEFT adapter."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from lorarl.config.run import RLConfig
 from lorarl.orchestrator.served_check import max_abs_diff
 from lorarl.run_folder import PROBE_FILE
 from lorarl.trainer.broadcast import write_policy
-from lorarl.trainer.probe import PROBE_CHATS, attach_probe, build_probe, score_probe
+from lorarl.trainer.served_probe import PROBE_CHATS, attach_probe, build_probe, score_probe
 
 
 def lora_model(tiny_model: Path, dropout: float = 0.0) -> peft.PeftModel:

@@ -167,7 +167,7 @@ def test_rl_serves_the_run_folders_copy_under_the_model_name(tiny_model: Path, t
 def test_the_served_base_is_written_once_and_recorded(nf4: ModelConfig, tmp_path: Path) -> None:
     from lorarl.quantized_base import ensure_served_base
     from lorarl.run_folder import RunFolder
-    from lorarl.written import recorded
+    from lorarl.written_files import recorded
 
     run = RunFolder(tmp_path / "run")
     run.prepare("rl", {}, resume=False, overwrite=False)

@@ -1,4 +1,4 @@
-"""Training that has gone wrong stops, and writes nothing from it (skeleton.py's `TrainingStopped`):
+"""Training that has gone wrong stops, and writes nothing from it (trainer.py's `TrainingStopped`):
 an update that makes weights NaN or infinite, and a gradient stuck at 0 while there is a loss to
 learn (saturated weights). Real runs of the tiny model at learning rates far too high: float16
 weights overflow at lr 1e6 on the first update; float32 LoRA weights saturate, their gradient 0

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from lorarl.config.run import RLConfig
-from lorarl.launcher.bundles import plan_bundles, ray_placement
 from lorarl.launcher.plan import plan_run
 from lorarl.launcher.preflight import PreflightError, check_cluster
+from lorarl.launcher.ray_bundles import plan_bundles, ray_placement
 from lorarl.run_folder import RunFolder
 
 

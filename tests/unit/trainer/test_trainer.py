@@ -1,4 +1,4 @@
-"""The trainer skeleton's contract (skeleton.py): a step's gradient and stats do not depend on how
+"""The Trainer's contract (trainer/trainer.py): a step's gradient and stats do not depend on how
 its samples are split into forward passes, and data-parallel ranks share a step's samples out
 without overlap or loss."""
 
@@ -17,7 +17,7 @@ from lorarl.trainer.distributed import DataParallel
 from lorarl.trainer.model import apply_lora, trainable_parameters
 from lorarl.trainer.packing import ForwardPasses
 from lorarl.trainer.sft import mean_nll
-from lorarl.trainer.skeleton import Trainer, forward_backward_step, rank_passes
+from lorarl.trainer.trainer import Trainer, forward_backward_step, rank_passes
 from lorarl.trainer.update_watch import TrainingStopped, UpdateWatch
 
 
