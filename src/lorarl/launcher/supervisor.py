@@ -28,6 +28,7 @@ from lorarl.launcher.plan import ProcessSpec
 from lorarl.written_files import record_written
 
 log = logging.getLogger("lorarl.rl")
+_VLLM_ROUTE = "] Route: /"  # vLLM's start: "(APIServer pid=N) INFO ... [launcher.py:195] Route: /docs, Methods: GET"
 KILL_WAIT = 5.0  # seconds for SIGKILLed processes to be gone (their memory freed) before a restart
 
 
@@ -95,9 +96,11 @@ class Supervisor:
         return left
 
     def tail(self, name: str, lines: int = 40) -> str:
+        """The last `lines` lines of `name`'s log, less vLLM's listing of its routes (39 lines at its
+        start), which would otherwise fill the tail of a worker that failed soon after starting."""
         try:
             with open(self.log_path(name), errors="replace") as f:
-                return "".join(deque(f, maxlen=lines))
+                return "".join(deque((line for line in f if _VLLM_ROUTE not in line), maxlen=lines))
         except FileNotFoundError:
             return ""
 

@@ -80,3 +80,14 @@ def test_a_finished_run_leaves_its_log_and_no_group(sup: Supervisor) -> None:
     assert proc.wait(timeout=30) == 0 and sup.finished(["orchestrator"])
     assert sup.stop(["orchestrator"], grace=1) == 0
     assert sup.tail("orchestrator") == "done\n"
+
+
+def test_the_tail_of_a_worker_leaves_out_vllms_route_listing(sup: Supervisor) -> None:
+    """A worker that fails soon after its start: the cause, not the 39 routes vLLM lists at its start."""
+    routes = "".join(
+        f"(APIServer pid=7) INFO 12-06 03:22:48 [launcher.py:195] Route: /v1/r{i}, Methods: GET\n" for i in range(39)
+    )
+    log = "started\n" + routes + "CUDA out of memory\n"
+    script = f"import sys; sys.stdout.write({log!r})"
+    sup.start(ProcessSpec("inference-0", [sys.executable, "-c", script], role="inference")).wait(timeout=30)
+    assert sup.tail("inference-0", lines=3) == "started\nCUDA out of memory\n"
