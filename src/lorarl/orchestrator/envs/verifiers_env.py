@@ -35,7 +35,6 @@ vLLM 0.32's `mcp>=2` (see pyproject's `envs` extra).
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import json
 import logging
@@ -48,6 +47,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from lorarl.orchestrator.envs.base import Environment, Episode, Example, Message
+from lorarl.orchestrator.reward_calls import RewardTimeout, call_bounded
 from lorarl.orchestrator.tools import TOOL_CALL, Toolbox, ToolCall, ToolStats, parse_tool_calls
 from lorarl.plugins import import_user_module
 
@@ -372,9 +372,9 @@ class Play:
         if self.scored:
             return
         self.scored = True
-        try:  # records every reward first as None (unscored), then its score
-            await asyncio.wait_for(self.task.score(self.trace), self.env.reward_timeout)
-        except TimeoutError:
+        try:  # records every reward first as None (unscored), then its score; bounded as lorarl's rewards are
+            await call_bounded(self.task.score, self.trace, self.env.reward_timeout, f"scoring of {self.env.name}")
+        except RewardTimeout:
             log.warning("verifiers task of %s scored past %g s (orchestrator.reward_timeout); scoring 0",
                         self.env.name, self.env.reward_timeout)  # fmt: skip
             self.errors += 1
