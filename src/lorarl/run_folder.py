@@ -260,13 +260,14 @@ class RunFolder:
             )
         if marker is not None:
             self._refuse_unwritten("--resume" if resume else "--overwrite" if overwrite else "a new run")
+        identity = run_identity.record(config)  # reads the base model's files: once
         if resume and previous is not None:
-            changes = self._resume_changes(previous, config)
+            changes = self._resume_changes(previous, identity)
         said = f"; changed since the run started: {'; '.join(changes)}" if changes else ""
         if dry_run:
             if marker is None:
                 self._make_root()
-                self._write_marker(kind, config, None, dry_run=True)
+                self._write_marker(kind, config, identity, None, dry_run=True)
             return f"dry run: {self.root} checked, nothing cleared{said}"
         if marker is not None:  # the folder is locked (is_alive above): no write of the run is under way
             self.remove_interrupted_checkpoint_writes()
@@ -281,7 +282,7 @@ class RunFolder:
             done = f"new run folder {self.root}"
         self._make_root()
         forget_missing(self.root)
-        self._write_marker(kind, config, previous if resume else None)
+        self._write_marker(kind, config, identity, previous if resume else None)
         return done
 
     def remove_interrupted_checkpoint_writes(self) -> None:
@@ -374,9 +375,9 @@ class RunFolder:
             return None
         return marker if isinstance(marker, dict) and marker.get("lorarl") else None
 
-    def _resume_changes(self, previous: dict[str, Any], config: dict[str, Any]) -> list[str]:
+    def _resume_changes(self, previous: dict[str, Any], identity: dict[str, Any]) -> list[str]:
         """What a resume changes that may change; raises RunFolderError for what may not (run_identity)."""
-        refused, changed = run_identity.compare(previous, run_identity.record(config))
+        refused, changed = run_identity.compare(previous, identity)
         if refused:
             raise RunFolderError(
                 f"--resume: {self.root} was trained otherwise: {'; '.join(refused)}. A resume continues the "
@@ -385,7 +386,12 @@ class RunFolder:
         return changed
 
     def _write_marker(
-        self, kind: str, config: dict[str, Any], previous: dict[str, Any] | None, dry_run: bool = False
+        self,
+        kind: str,
+        config: dict[str, Any],
+        identity: dict[str, Any],
+        previous: dict[str, Any] | None,
+        dry_run: bool = False,
     ) -> None:
         digest = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
         now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
@@ -397,7 +403,7 @@ class RunFolder:
             "started": previous["started"] if previous else now,
             "resumed": [*previous.get("resumed", []), now] if previous else [],
             **({"dry_run": True} if dry_run else {}),
-            **run_identity.record(config),
+            **identity,  # run_identity.record(config)
         }
         write_file_atomically(self.marker, json.dumps(marker, indent=2) + "\n")
 

@@ -20,8 +20,7 @@ from pathlib import Path
 
 @dataclass
 class StallWatch:
-    """`steps(trainer, orchestrator)` after each poll of the metrics; `check` says what to log, and
-    whether to stop."""
+    """`steps(latest)` after each poll of the metrics; `check` says what to log, and whether to stop."""
 
     warning_s: float
     stop_s: float | None
@@ -39,10 +38,11 @@ class StallWatch:
         self._since = self._warned = self.clock()
 
     def steps(self, latest: dict[str, int]) -> None:
-        """The newest step of each component in the metrics; a newer one than before is progress."""
+        """The newest step of each component so far (StepPrinter.latest); a newer one than before is
+        progress."""
         if any(step > self._latest.get(component, -1) for component, step in latest.items()):
             self._since = self._warned = self.clock()
-        self._latest = {**self._latest, **latest}
+        self._latest = dict(latest)
 
     def check(self) -> tuple[str | None, bool]:
         """(a line to log, or None; whether to stop the run)."""
