@@ -14,9 +14,9 @@ fi
 if [[ $# -gt 0 ]]; then
     exec .venv/bin/python -m pytest "$@"
 fi
-.venv/bin/ruff check src tests scripts
-.venv/bin/ruff format --check src tests scripts
-.venv/bin/mypy src scripts
+.venv/bin/ruff check src tests scripts benchmarks
+.venv/bin/ruff format --check src tests scripts benchmarks
+.venv/bin/mypy src scripts benchmarks
 # The docs site (mkdocs.yml): --strict fails on a broken link, a missing page or an API docstring
 # mkdocstrings cannot render. Built outside the repository and removed.
 site=$(mktemp -d)

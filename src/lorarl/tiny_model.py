@@ -7,7 +7,7 @@ it like any other (vLLM's CPU attention needs head_dim >= 32, hence 32 by defaul
     python -m lorarl.tiny_model outputs/models/tiny-qwen3
     python -m lorarl.tiny_model outputs/models/qwen3-24m --hidden-size 512 --num-layers 8 --head-dim 64
 
-The second is the 24M-parameter model of the throughput benchmark (scripts/benchmark_throughput.py).
+The second is the 24M-parameter model of the throughput benchmark (benchmarks/throughput.py).
 
 `--num-experts` builds a Qwen3-MoE instead (every layer a sparse block of that many experts, top-2), on
 which expert LoRA is trained and served (docs/moe.md; scripts/gpu_moe_acceptance.sh):
@@ -18,7 +18,7 @@ which expert LoRA is trained and served (docs/moe.md; scripts/gpu_moe_acceptance
 1.7B, 4B, ...) with random weights and this local tokenizer; its vocabulary stays the published one
 (151,936 for Qwen3), larger than the tokenizer's 259 tokens as real Qwen3's is larger than its own
 tokenizer. `--vocab-size` does the same for a small custom shape. The real-shape benchmarks
-(scripts/benchmark_shapes.py) and the GPU acceptance run (scripts/gpu_acceptance.sh) train these:
+(benchmarks/shapes.py) and the GPU acceptance run (scripts/gpu_acceptance.sh) train these:
 
     python -m lorarl.tiny_model outputs/models/qwen3-0.6b-random --shape Qwen/Qwen3-0.6B
     python -m lorarl.tiny_model outputs/models/qwen3-4b-random --shape Qwen/Qwen3-4B --dtype bfloat16

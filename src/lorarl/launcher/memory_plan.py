@@ -64,7 +64,7 @@ CPU_REFUSE_FRACTION = 0.75
 DEFAULT_DEVICE_GIB = 80.0
 # A base in NF4 (model.quantization), per parameter: half a byte, a uint8 scale per 64 and a float32 one
 # per 16,384 (double quantization), float32 scales per 64 for the embeddings; measured 0.528 at
-# Qwen3-0.6B's shape (scripts/benchmark_qlora.py), where the embeddings are a quarter of the weights.
+# Qwen3-0.6B's shape (benchmarks/qlora.py), where the embeddings are a quarter of the weights.
 NF4_BYTES_PER_PARAMETER = 0.53
 # The attention implementations that get a dense [rows, 1, L, L] mask for packed rows (packing.py);
 # packed_sdpa, FlexAttention and flash attention need none.

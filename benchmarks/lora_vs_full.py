@@ -1,6 +1,6 @@
 """Trainer step time and peak memory: LoRA vs full fine-tuning on a mid-size Qwen3 config.
 
-    python scripts/benchmark_lora_vs_full.py --layers 8 --hidden 512 --batch 16 --seq 256 --steps 5
+    python benchmarks/lora_vs_full.py --layers 8 --hidden 512 --batch 16 --seq 256 --steps 5
 
 Each mode runs in its own process (so peak memory is its own): one RL trainer step is the
 trainer's real forward/backward (`micro_batch_loss`) on random tokens plus an AdamW step.

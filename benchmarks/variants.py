@@ -1,8 +1,8 @@
 """Peak memory and step time of K adapters trained in one run ([[variants]]) against K separate runs.
 
-    python scripts/benchmark_variants.py --ks 1 2 4 --steps 3
+    python benchmarks/variants.py --ks 1 2 4 --steps 3
 
-On the mid-size Qwen3 config of benchmark_lora_vs_full.py (8 layers, hidden 512, vocab 32000). Every
+On the mid-size Qwen3 config of benchmarks/lora_vs_full.py (8 layers, hidden 512, vocab 32000). Every
 run is the real RL trainer (`python -m lorarl.cli.trainer @ config.json`, its own process) on rollout
 batches of random tokens written beforehand, so it never waits. For each K: K separate runs, one
 after another (each a single-adapter run of rank 16), against one run with K variants (ranks 16, lr

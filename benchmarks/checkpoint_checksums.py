@@ -6,7 +6,7 @@ checksums) and with SHA-256, then times `manifest_problem` with and without chec
 `--resume` pays per checkpoint it looks at). Medians of --repeats, the two kinds in turns, in seconds. The table is in
 docs/data_safety.md.
 
-    .venv/bin/python scripts/benchmark_checkpoint_checksums.py --adapter-mb 150 --repeats 5
+    .venv/bin/python benchmarks/checkpoint_checksums.py --adapter-mb 150 --repeats 5
 """
 
 from __future__ import annotations

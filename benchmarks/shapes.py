@@ -19,8 +19,8 @@ checkpoint every step, for each LoRA rank: the trainer's and orchestrator's step
 latency (perf/adapter_live_s: the optimizer step's end -> the adapter loaded on every vLLM
 worker), and the checkpoint's size and write time (time/checkpoint).
 
-    flock /tmp/lorarl-heavy.lock .venv/bin/python scripts/benchmark_shapes.py memory
-    flock /tmp/lorarl-heavy.lock .venv/bin/python scripts/benchmark_shapes.py rl
+    flock /tmp/lorarl-heavy.lock .venv/bin/python benchmarks/shapes.py memory
+    flock /tmp/lorarl-heavy.lock .venv/bin/python benchmarks/shapes.py rl
 
 Tables and figures: docs/real_shapes.md.
 """
@@ -236,7 +236,7 @@ def rl_run(args: argparse.Namespace, model: Path, rank: int) -> Path:
     # ru_maxrss here is rl's own: vLLM's engine and worker are grandchildren it does not wait for.
     status, _ = run_capped(cmd, log, args.max_gib)
     if status != 0:
-        sys.exit(f"benchmark_shapes: {run_name} {'passed --max-gib' if status is None else f'exited {status}'}: {log}")
+        sys.exit(f"shapes: {run_name} {'passed --max-gib' if status is None else f'exited {status}'}: {log}")
     return args.out / run_name
 
 

@@ -1,6 +1,6 @@
 """What leaving zero-advantage groups out buys: `rl` runs of one config against one vLLM server.
 
-    python scripts/benchmark_algorithms.py @ configs/quickstart/rl.toml --steps 30
+    python benchmarks/algorithms.py @ configs/quickstart/rl.toml --steps 30
 
 Variants, each `--steps` steps from the same starting model and example stream:
 

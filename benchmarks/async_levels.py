@@ -1,6 +1,6 @@
 """Throughput of `rl` at several `max_async_level`s on one config and one vLLM server.
 
-    python scripts/benchmark_async.py @ configs/quickstart/rl.toml --steps 20 --levels 0 1 2 [--continuous]
+    python benchmarks/async_levels.py @ configs/quickstart/rl.toml --steps 20 --levels 0 1 2 [--continuous]
 
 Reports, per level, from metrics.jsonl (steps after the first, so start-up is not counted):
 steps per minute, the trainer's idle fraction (time waiting for a batch / wall time), the

@@ -1,6 +1,6 @@
 """Attention over one packed row: the dense-mask sdpa path against packed_sdpa, on the CPU.
 
-    python scripts/benchmark_attention.py [--lengths 2048 8192 16384] [--repeats 2]
+    python benchmarks/attention.py [--lengths 2048 8192 16384] [--repeats 2]
 
 For each row width L and row layout it times one forward + backward of the attention function alone
 (the q/k/v of one layer in, their gradients out; the projections and the rest of the model are the

@@ -1,6 +1,6 @@
 """Throughput of `rl` side by side with the machine's limit and with TRL at its fastest, in one run.
 
-    python scripts/benchmark_throughput.py --steps 5 [--levels 2] [--skip-trl]
+    python benchmarks/throughput.py --steps 5 [--levels 2] [--skip-trl]
 
 The workload (issue 16): a 24M-parameter Qwen3-shaped model (hidden 512, 8 layers, head_dim 64,
 `lorarl.tiny_model`), reverse_text prompts, 16 prompts x 8 rollouts = 128 completions of up to 32
@@ -49,7 +49,7 @@ import httpx
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from benchmark_async import summarize  # noqa: E402  (the rl runs' summary, one owner)
+from async_levels import summarize  # noqa: E402  (the rl runs' summary, one owner)
 
 from lorarl.cpu.cores import available_cores  # noqa: E402
 from lorarl.inference.health import wait_until_healthy  # noqa: E402

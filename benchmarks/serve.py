@@ -1,6 +1,6 @@
 """What the Tinker API costs in lorarl-serve, measured with the stock `tinker` SDK against a real server.
 
-    python scripts/benchmark_serve.py [--model outputs/models/tiny-qwen3] [--steps 5]
+    python benchmarks/serve.py [--model outputs/models/tiny-qwen3] [--steps 5]
 
 Starts `lorarl-serve` on the model (a run folder under /tmp), then:
 1. overhead: a forward_backward + optim_step round trip (cross_entropy, `--batch` datums of the

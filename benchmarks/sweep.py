@@ -1,8 +1,8 @@
 """What a sweep in one run ([[variants]]) costs against its variants as runs of their own, one after
 another, with vLLM's own CPU LoRA ops and with lorarl's (cpu/lora_ops.py). Table: docs/rank_sweep.md.
 
-    python scripts/benchmark_sweep.py --steps 5   # the runs, with each ops in turn
-    python scripts/benchmark_sweep.py --vllm      # vLLM alone: one step's batch per variant, with each ops
+    python benchmarks/sweep.py --steps 5   # the runs, with each ops in turn
+    python benchmarks/sweep.py --vllm      # vLLM alone: one step's batch per variant, with each ops
 
 Default config: configs/rank_sweep/rl.toml (ranks 1, 4, 16, 64; run the quickstart first, whose warm-up
 it starts from).

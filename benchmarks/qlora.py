@@ -6,7 +6,7 @@ LoRA adapter of rank 8 on the 7 projections, the peak resident memory and the ti
 backward pass over one row of --tokens tokens (the fastest of --steps; the machine is shared).
 
     python -m lorarl.tiny_model outputs/models/qwen3-0.6b-random --shape Qwen/Qwen3-0.6B
-    flock /tmp/lorarl-heavy.lock .venv/bin/python scripts/benchmark_qlora.py outputs/models/qwen3-0.6b-random
+    flock /tmp/lorarl-heavy.lock .venv/bin/python benchmarks/qlora.py outputs/models/qwen3-0.6b-random
 
 Table and figures: docs/qlora.md.
 """
