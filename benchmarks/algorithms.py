@@ -20,16 +20,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 from lorarl.config.loader import load_config
 from lorarl.config.run import RLConfig
-from lorarl.inference.health import wait_until_healthy
+from runner import ENV, cli, inference_server, markdown_head, markdown_row, metrics_rows, rl_against, steady_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART_MODEL = Path("outputs/quickstart-sft/final")
@@ -44,29 +42,23 @@ def variants() -> dict[str, list[str]]:
     }
 
 
-def prepare_quickstart_model(env: dict[str, str]) -> None:
+def prepare_quickstart_model() -> None:
     """What scripts/quickstart.sh does before `rl`: the tiny model, the warm-up data and `sft`."""
-    py = sys.executable
     steps = [
-        [py, "-m", "lorarl.tiny_model", "outputs/models/tiny-qwen3"],
-        [py, "scripts/make_sft_data.py", "--env", "reverse_text", "--num", "4000",
+        [sys.executable, "-m", "lorarl.tiny_model", "outputs/models/tiny-qwen3"],
+        [sys.executable, "scripts/make_sft_data.py", "--env", "reverse_text", "--num", "4000",
          "--out", "outputs/data/reverse_text_sft.jsonl"],
-        [py, "-m", "lorarl.cli.sft", "@", "configs/quickstart/sft.toml", "--overwrite", "--no-monitor.console"],
+        cli("sft", "@", "configs/quickstart/sft.toml", "--overwrite", "--no-monitor.console"),
     ]  # fmt: skip
     for cmd in steps:
         print("preparing:", " ".join(cmd[1:]), flush=True)
-        subprocess.run(cmd, check=True, env=env, cwd=ROOT)
-
-
-def rows(run_dir: Path, component: str) -> list[dict[str, Any]]:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return sorted((r for r in map(json.loads, lines) if r["component"] == component), key=lambda r: r["step"])
+        subprocess.run(cmd, check=True, env=ENV, cwd=ROOT)
 
 
 def summarize(run_dir: Path, groups_per_step: int) -> dict[str, float]:
-    trainer, orch = rows(run_dir, "trainer"), rows(run_dir, "orchestrator")
+    trainer, orch = metrics_rows(run_dir, "trainer"), metrics_rows(run_dir, "orchestrator")
     start = trainer[0]["time"] - trainer[0]["time/step"]  # the trainer starts waiting for batch 1
-    later = trainer[1:] or trainer  # the first step also loads and warms up
+    later = steady_rows(trainer)  # the first step also loads and warms up
     groups = sum(groups_per_step + r["groups/extra_drawn"] for r in orch)
     return {
         "start": start,
@@ -82,7 +74,7 @@ def summarize(run_dir: Path, groups_per_step: int) -> dict[str, float]:
 
 def reward_at(run_dir: Path, start: float, seconds: float, last: int = 3) -> float:
     """Mean reward of the last `last` steps written within `seconds` of `start`."""
-    done = [r["reward/mean"] for r in rows(run_dir, "orchestrator") if r["time"] - start <= seconds + 1e-6]
+    done = [r["reward/mean"] for r in metrics_rows(run_dir, "orchestrator") if r["time"] - start <= seconds + 1e-6]
     return statistics.fmean(done[-last:]) if done else float("nan")
 
 
@@ -94,46 +86,29 @@ def main() -> None:
     parser.add_argument("--only", nargs="+", help="run these variants only (names as in the table)")
     args = parser.parse_args()
     cfg = load_config(RLConfig, args.config)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false"}
     if not Path(cfg.model.name).exists():
         if Path(cfg.model.name).resolve() != (ROOT / QUICKSTART_MODEL).resolve():
             sys.exit(f"model {cfg.model.name} not found")
-        prepare_quickstart_model(env)
+        prepare_quickstart_model()
     chosen = {k: v for k, v in variants().items() if not args.only or k in args.only}
-    url = f"http://127.0.0.1:{args.port}"
-    server = subprocess.Popen(
-        [sys.executable, "-m", "lorarl.cli.inference", *args.config, "--inference.port", str(args.port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True,
-    )  # fmt: skip
+    groups_per_step = cfg.orchestrator.batch_size // cfg.orchestrator.rollouts_per_example
     results: dict[str, dict[str, float]] = {}
-    try:
-        wait_until_healthy([url], timeout=600, alive=lambda: server.poll() is None)
+    with inference_server(args.config, args.port) as url:
         for name, flags in chosen.items():
-            run_name = f"bench-algo-{name}"
             print(f"== {name}: rl {' '.join(flags)}", flush=True)
-            subprocess.run(
-                [sys.executable, "-m", "lorarl.cli.rl", *args.config, "--inference.urls", json.dumps([url]),
-                 "--max_steps", str(args.steps), "--run_name", run_name, "--no-monitor.console",
-                 "--overwrite",  # the benchmark's own runs, from an earlier invocation
-                 # rl leaves vLLM its core only when it starts the workers itself.
-                 "--trainer.num_threads", str(max(1, (os.cpu_count() or 1) - 1)), *flags],
-                check=True, env=env,
-            )  # fmt: skip
-            groups_per_step = cfg.orchestrator.batch_size // cfg.orchestrator.rollouts_per_example
-            results[name] = summarize(cfg.output_dir / run_name, groups_per_step)
-    finally:
-        os.killpg(server.pid, 15)
-        server.wait()
+            rl_against(url, args.config, f"bench-algo-{name}", args.steps, flags)
+            results[name] = summarize(cfg.output_dir / f"bench-algo-{name}", groups_per_step)
     budget = min(r["wall_s"] for r in results.values())
     for name, r in results.items():
         r["reward_at_budget"] = reward_at(cfg.output_dir / f"bench-algo-{name}", r["start"], budget)
     print(f"\n{args.steps} steps each; reward after {budget:.0f} s, the wall time of the shortest run")
-    print(f"{'variant':>11} {'trainer s/step':>15} {'trained/step':>13} {'played/step':>12} {'zero-adv':>9} "
-          f"{'steps/min':>10} {'reward first':>13} {'reward @ time':>14}")  # fmt: skip
+    print(markdown_head(["variant", "trainer s/step", "trained/step", "played/step", "zero-adv", "steps/min",
+                         "reward first", "reward @ time"]))  # fmt: skip
     for name, r in results.items():
-        print(f"{name:>11} {r['trainer_s_per_step']:>15.2f} {r['rollouts_trained_per_step']:>13.1f} "
-              f"{r['rollouts_played_per_step']:>12.1f} {r['zero_advantage_frac']:>9.0%} {r['steps_per_min']:>10.1f} "
-              f"{r['reward_first']:>13.3f} {r['reward_at_budget']:>14.3f}")  # fmt: skip
+        print(markdown_row([name, f"{r['trainer_s_per_step']:.2f}", f"{r['rollouts_trained_per_step']:.1f}",
+                            f"{r['rollouts_played_per_step']:.1f}", f"{r['zero_advantage_frac']:.0%}",
+                            f"{r['steps_per_min']:.1f}", f"{r['reward_first']:.3f}",
+                            f"{r['reward_at_budget']:.3f}"]))  # fmt: skip
     out = cfg.output_dir / "bench-algorithms.json"
     out.write_text(json.dumps({"steps": args.steps, "budget_s": budget, "results": results}, indent=2))
     print(f"wrote {out}")

@@ -28,8 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import subprocess
-import sys
 import time
 from typing import Any
 
@@ -40,6 +38,7 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3Attention
 from lorarl.trainer.attention import PACKED_SDPA, SEGMENTS_KWARG
 from lorarl.trainer.batching import TrainSample
 from lorarl.trainer.packing import PackedBatch, SharedPrompt, collate_packed
+from runner import after_warmup, json_from_child, markdown_head, markdown_row
 
 SAMPLES = {"samples of 1k": 1024, "samples of 64": 64}  # the layouts of whole samples, by their length
 LAYOUTS = (*SAMPLES, "shared, short prompts", "shared, long prompts")
@@ -103,7 +102,7 @@ def one_case(args: argparse.Namespace, layout: str, length: int, path: str) -> d
         q.grad = k.grad = v.grad = None
         return time.perf_counter() - t
 
-    times = [step() for _ in range(args.repeats + 1)][1:]
+    times = after_warmup([step() for _ in range(args.repeats + 1)])
     segments = inputs.get(SEGMENTS_KWARG)
     mask_bytes = segments.mask_bytes if segments is not None else mask.numel() * mask.element_size()
     return {"mask_mib": mask_bytes / 2**20, "peak_mib": peak_rss_mib() - before, "s": min(times)}
@@ -113,8 +112,7 @@ def in_subprocess(args: argparse.Namespace, layout: str, length: int, path: str)
     options = {"threads": args.threads, "heads": args.heads, "kv-heads": args.kv_heads, "head-dim": args.head_dim}
     shape = [f"--{key}={value}" for key, value in options.items()]
     one = ["--one", layout, str(length), path, "--repeats", str(args.repeats)]
-    out = subprocess.run([sys.executable, __file__, *shape, *one], check=True, capture_output=True, text=True)
-    return dict(json.loads(out.stdout.splitlines()[-1]))
+    return json_from_child([__file__, *shape, *one])
 
 
 def main() -> None:
@@ -136,8 +134,7 @@ def main() -> None:
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, {shape}, float32, attention forward + backward"
     )
-    print("\n| L | row | path | mask (MiB) | peak added (MiB) | fwd+bwd (s) | time vs sdpa |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n" + markdown_head(["L", "row", "path", "mask (MiB)", "peak added (MiB)", "fwd+bwd (s)", "time vs sdpa"]))
     for length in args.lengths:
         for layout in LAYOUTS:
             dense = None
@@ -146,7 +143,7 @@ def main() -> None:
                 dense = r["s"] if path == "sdpa" else dense
                 ratio = f"{r['s'] / dense:.3f}x" if dense and path != "sdpa" else ""
                 cells = [f"{length:,}", layout, path, f"{r['mask_mib']:,.1f}", f"{r['peak_mib']:,.0f}", f"{r['s']:.3f}"]
-                print("| " + " | ".join([*cells, ratio]) + " |", flush=True)
+                print(markdown_row([*cells, ratio]), flush=True)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from safetensors.torch import save_file
 
 from lorarl.run_folder import write_folder_atomically
 from lorarl.written_files import manifest_problem
+from runner import markdown_head, markdown_row
 
 
 def checkpoint_writer(adapter_mb: int) -> Callable[[Path], None]:
@@ -64,11 +65,10 @@ def main() -> None:
         verified = alternating_medians(args.repeats, {c: partial(manifest_problem, folder, c) for c in (False, True)})
         total_mb = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 2**20
     print(f"checkpoint of {total_mb:.0f} MiB (adapter {args.adapter_mb} MiB + optimizer), median of {args.repeats}")
-    print("| manifest | write (s) | verify (s) |")
-    print("|---|---|---|")
+    print(markdown_head(["manifest", "write (s)", "verify (s)"]))
     for checksums in (False, True):
         name = "sizes + SHA-256" if checksums else "sizes only"
-        print(f"| {name} | {written[checksums]:.2f} | {verified[checksums]:.3f} |")
+        print(markdown_row([name, f"{written[checksums]:.2f}", f"{verified[checksums]:.3f}"]))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ import argparse
 import json
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,6 +28,7 @@ from lorarl.trainer.batching import TrainSample, micro_batches
 from lorarl.trainer.loss import LossNorm, micro_batch_loss
 from lorarl.trainer.model import TrainedModel, apply_lora, load_model, parameter_summary, peak_memory_gib
 from lorarl.trainer.optim import build_optimizer
+from runner import after_warmup, json_from_child, markdown_head, markdown_row
 
 
 def build(folder: Path, layers: int, hidden: int, vocab: int) -> None:
@@ -73,7 +73,7 @@ def one_mode(folder: Path, mode: str, batch: int, seq: int, micro: int, steps: i
         times.append(time.perf_counter() - t0)
     summary = parameter_summary(model)
     return {
-        "step_s": statistics.median(times[1:] or times),
+        "step_s": statistics.median(after_warmup(times)),
         "peak_memory_gib": peak_memory_gib(device),
         "trainable_params": summary["params/trainable"],
         "total_params": summary["params/total"],
@@ -98,18 +98,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "model"
         build(folder, args.layers, args.hidden, args.vocab)
-        results = {}
-        for mode in ("lora", "full"):
-            out = subprocess.run(
-                [sys.executable, __file__, "--mode", mode, "--model", str(folder), *sys.argv[1:]],
-                capture_output=True, text=True, check=True,
-            )  # fmt: skip
-            results[mode] = json.loads(out.stdout.strip().splitlines()[-1])
+        results = {
+            mode: json_from_child([__file__, "--mode", mode, "--model", str(folder), *sys.argv[1:]])
+            for mode in ("lora", "full")
+        }
     print(f"Qwen3 {args.layers} layers, hidden {args.hidden}, vocab {args.vocab}: "
           f"batch {args.batch} x {args.seq} tokens, micro-batch {args.micro}")  # fmt: skip
-    print(f"{'mode':>5} {'trainable':>12} {'step (s)':>9} {'peak memory (GiB)':>18}")
+    print(markdown_head(["mode", "trainable", "step (s)", "peak memory (GiB)"]))
     for mode, r in results.items():
-        print(f"{mode:>5} {r['trainable_params']:>12,} {r['step_s']:>9.2f} {r['peak_memory_gib']:>18.2f}")
+        print(markdown_row([mode, f"{r['trainable_params']:,}", f"{r['step_s']:.2f}", f"{r['peak_memory_gib']:.2f}"]))
 
 
 if __name__ == "__main__":

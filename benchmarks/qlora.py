@@ -16,10 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from runner import json_from_child, markdown_head, markdown_row
 
 ROWS = (("float32", "none"), ("float32", "nf4"), ("bfloat16", "none"), ("bfloat16", "nf4"))
 
@@ -74,21 +75,15 @@ def main() -> None:
     rows = []
     for dtype, quantization in ROWS:
         flags = [str(Path(args.model)), "--tokens", str(args.tokens), "--steps", str(args.steps)]
-        out = subprocess.run(
-            [sys.executable, __file__, *flags, "--one", dtype, quantization], capture_output=True, text=True, check=True
-        )
-        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        rows.append(json_from_child([__file__, *flags, "--one", dtype, quantization]))
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-    print("| dtype | quantization | base held (GiB) | vs the same dtype unquantized | RSS after load (GiB) "
-          "| peak RSS (GiB) | fwd+bwd step (s) |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|")
+    print(markdown_head(["dtype", "quantization", "base held (GiB)", "vs the same dtype unquantized",
+                         "RSS after load (GiB)", "peak RSS (GiB)", "fwd+bwd step (s)"]))  # fmt: skip
     for row in rows:
         plain = next(r for r in rows if r["dtype"] == row["dtype"] and r["quantization"] == "none")
-        ratio = float(row["base_gib"]) / float(plain["base_gib"])  # type: ignore[arg-type]
-        print(
-            f"| {row['dtype']} | {row['quantization']} | {row['base_gib']:.3f} | {ratio:.2f}x "
-            f"| {row['rss_after_load_gib']:.2f} | {row['peak_rss_gib']:.2f} | {row['step_s']} |"
-        )
+        memory = [f"{row['base_gib']:.3f}", f"{row['base_gib'] / plain['base_gib']:.2f}x",
+                  f"{row['rss_after_load_gib']:.2f}", f"{row['peak_rss_gib']:.2f}"]  # fmt: skip
+        print(markdown_row([row["dtype"], row["quantization"], *memory, row["step_s"]]))
 
 
 if __name__ == "__main__":

@@ -18,12 +18,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import random
-import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -35,19 +31,15 @@ from typing import Any, cast
 import tinker
 from tinker import types
 
+from runner import ENV, after_warmup, cli, free_port, markdown_head, markdown_row, process_group
+
 PROMPT, COMPLETION = 32, 16  # the quickstart's lengths: a chat-templated word, then its reversal
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager
 def server(model: str, folder: Path) -> Iterator[str]:
+    """`lorarl-serve` of `model` in `folder` (its output in serve.out there), waited on until its API
+    answers; yields the API's url."""
     port = free_port()
     cfg = {
         "seq_len": 256,
@@ -60,11 +52,9 @@ def server(model: str, folder: Path) -> Iterator[str]:
     }
     config = folder / "serve.json"
     config.write_text(json.dumps(cfg))
-    log = open(folder / "serve.out", "wb")  # noqa: SIM115  (closed with the server)
-    command = [str(Path(sys.executable).parent / "lorarl-serve"), "@", str(config)]
-    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "TINKER_TELEMETRY": "0"})
     url = f"http://127.0.0.1:{port}"
-    try:
+    env = {**ENV, "TINKER_TELEMETRY": "0"}
+    with process_group(cli("serve", "@", str(config)), folder / "serve.out", env, stop_timeout=120) as proc:
         for _ in range(600):
             if proc.poll() is not None:
                 raise SystemExit(f"lorarl-serve exited: see {folder / 'serve.out'}")
@@ -73,10 +63,6 @@ def server(model: str, folder: Path) -> Iterator[str]:
                 break
             time.sleep(1)
         yield url
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(120)
-        log.close()
 
 
 def data(seed: int, n: int) -> list[types.Datum]:
@@ -139,7 +125,7 @@ def trainer_step_seconds(model: str, batch: list[types.Datum], steps: int, threa
         optimizer.step()
         optimizer.zero_grad()
         times.append(time.perf_counter() - start)
-    return statistics.median(times[1:])
+    return statistics.median(after_warmup(times))
 
 
 def tenants_tokens_per_s(service: tinker.ServiceClient, base: str, tenants: int, batch: int, steps: int) -> float:
@@ -186,23 +172,25 @@ def main() -> None:
         base = str(service.get_server_capabilities().supported_models[0].model_name)
         batch = data(0, args.batch)
         client = service.create_lora_training_client(base_model=base, rank=8, seed=0).result()
-        api = statistics.median([api_step(client, batch) for _ in range(args.steps + 1)][1:])
+        api = statistics.median(after_warmup([api_step(client, batch) for _ in range(args.steps + 1)]))
         trainer = json.loads((Path(tmp) / "bench" / "configs" / "trainer.json").read_text())["trainer"]
         direct = trainer_step_seconds(args.model, batch, args.steps, trainer["num_threads"])
-        print("| step of | s (median) | overhead |\n|---|---|---|")
-        print(f"| rl's trainer, in process ({trainer['num_threads']} threads, as the server's) | {direct:.3f} | |")
-        print(f"| the Tinker API (forward_backward + optim_step) | {api:.3f} | {100 * (api / direct - 1):+.0f}% |\n")
-        print("| tenants at once | trained tokens/s | per tenant |\n|---|---|---|")
+        print(markdown_head(["step of", "s (median)", "overhead"]))
+        print(markdown_row([f"rl's trainer, in process ({trainer['num_threads']} threads, as the server's)",
+                            f"{direct:.3f}", ""]))  # fmt: skip
+        print(markdown_row(["the Tinker API (forward_backward + optim_step)", f"{api:.3f}",
+                            f"{100 * (api / direct - 1):+.0f}%"]) + "\n")  # fmt: skip
+        print(markdown_head(["tenants at once", "trained tokens/s", "per tenant"]))
         rates = {}
         for n in (1, 2, 4, 8):
             rates[n] = tenants_tokens_per_s(service, base, n, args.batch, args.steps)
-            print(f"| {n} | {rates[n]:,.0f} | {rates[n] / n:,.0f} |", flush=True)
+            print(markdown_row([n, f"{rates[n]:,.0f}", f"{rates[n] / n:,.0f}"]), flush=True)
         big = tenants_tokens_per_s(service, base, 1, 4 * args.batch, args.steps)
-        print(f"| 1 with a 4x batch | {big:,.0f} | {big:,.0f} |\n")
+        print(markdown_row(["1 with a 4x batch", f"{big:,.0f}", f"{big:,.0f}"]) + "\n")
         print(f"4 tenants at once / 1 tenant's 4x batch: {rates[4] / big:.2f}x\n")
-        print("| sampler adapters live | generated tokens/s |\n|---|---|")
+        print(markdown_head(["sampler adapters live", "generated tokens/s"]))
         for n in (1, 8):
-            print(f"| {n} | {sampling_tokens_per_s(service, base, n):,.0f} |", flush=True)
+            print(markdown_row([n, f"{sampling_tokens_per_s(service, base, n):,.0f}"]), flush=True)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -42,15 +41,9 @@ from pathlib import Path
 
 import psutil
 
+from runner import ENV, after_warmup, cli, free_port, markdown_head, markdown_row, metrics_rows
+
 REPO = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
-ENV = {
-    **os.environ,
-    "HF_HUB_OFFLINE": "1",
-    "WANDB_MODE": "disabled",
-    "RAY_AUTH_MODE": "disabled",
-    "TOKENIZERS_PARALLELISM": "false",
-}
 VOCABS = (259, 151936)
 # The issue's reference (8k) and target (32k) first, so that a cut-short run has them.
 SEQ_LENS = (8192, 32768, 4096, 16384, 2048, 1024)
@@ -135,8 +128,8 @@ def sft_step(args: argparse.Namespace, root: Path, model: Path, vocab: int, seq_
         return Measured(None, None, f"not run: would need ~{need:.0f} GiB")
     run_name = f"sft-{model.name}-{seq_len}-c{chunk}"
     data = one_row_data(root, seq_len)
-    cmd = [
-        str(BIN / "sft"),
+    cmd = cli(
+        "sft",
         *flags(
             {
                 "model.name": model,
@@ -155,15 +148,14 @@ def sft_step(args: argparse.Namespace, root: Path, model: Path, vocab: int, seq_
             }
         ),
         "--overwrite",
-    ]
+    )
     log = root / f"{run_name}.log"
     status, peak = run_capped(cmd, log, args.max_gib)
     if status is None:
         return Measured(None, None)
     if status != 0:
         return Measured(peak, None, f"exit {status}, see {log}")
-    rows = [json.loads(line) for line in (root / run_name / "metrics.jsonl").read_text().splitlines()]
-    return Measured(peak, min(row["time/step"] for row in rows))
+    return Measured(peak, min(row["time/step"] for row in metrics_rows(root / run_name)))
 
 
 def memory(args: argparse.Namespace) -> None:
@@ -174,11 +166,8 @@ def memory(args: argparse.Namespace) -> None:
     chunks = args.chunks or [0, DEFAULT_LOGITS_CHUNK_SIZE]
     chunked = [c for c in chunks if c]
     models = {vocab: memory_model(root, vocab) for vocab in VOCABS}
-    print(
-        f"| seq_len | {' | '.join(f'vocab {v:,}, chunk {c}' for v in VOCABS for c in chunks)} "
-        f"| {' | '.join(f'peak 151,936 / 259, chunk {c}' for c in chunked)} |"
-    )
-    print("|" + "---|" * (1 + len(VOCABS) * len(chunks) + len(chunked)))
+    columns = [f"vocab {v:,}, chunk {c}" for v in VOCABS for c in chunks]
+    print(markdown_head(["seq_len", *columns, *(f"peak 151,936 / 259, chunk {c}" for c in chunked)]))
     for seq_len in args.seq_lens:
         cells = {
             (vocab, chunk): sft_step(args, root, models[vocab], vocab, seq_len, chunk)
@@ -186,28 +175,19 @@ def memory(args: argparse.Namespace) -> None:
             for chunk in chunks
         }
         ratios = [ratio(cells[VOCABS[0], c].peak_gib, cells[VOCABS[1], c].peak_gib) for c in chunked]
-        print(
-            f"| {seq_len:,} | {' | '.join(m.cell(args.max_gib) for m in cells.values())} | {' | '.join(ratios)} |",
-            flush=True,
-        )
+        print(markdown_row([f"{seq_len:,}", *(m.cell(args.max_gib) for m in cells.values()), *ratios]), flush=True)
 
 
 def ratio(small: float | None, large: float | None) -> str:
     return f"{large / small:.2f}x" if small and large else "-"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
-
-
 def rl_run(args: argparse.Namespace, model: Path, rank: int) -> Path:
     run_name = f"rl-0.6b-r{rank}"
     # micro-batches of one row: the trainer's activations for 4 x 640 tokens of the 0.6B model in float32
     # would be ~10 GiB (the memory plan's estimate), more than this machine has beside vLLM.
-    cmd = [
-        str(BIN / "rl"),
+    cmd = cli(
+        "rl",
         "@",
         str(REPO / "configs/quickstart/rl.toml"),
         *flags(
@@ -231,7 +211,7 @@ def rl_run(args: argparse.Namespace, model: Path, rank: int) -> Path:
         # Random weights earn every rollout the same reward: train on them all the same.
         "--no-orchestrator.skip_zero_advantage",
         "--overwrite",
-    ]
+    )
     log = args.out / f"{run_name}.log"
     # ru_maxrss here is rl's own: vLLM's engine and worker are grandchildren it does not wait for.
     status, _ = run_capped(cmd, log, args.max_gib)
@@ -250,11 +230,10 @@ def mean(values: list[float]) -> float:
 
 def rl_row(run: Path, rank: int) -> dict[str, float]:
     """The run's figures, averaged over its steps but the first (vLLM's and the trainer's warm-up)."""
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics_rows(run)
 
     def series(component: str, key: str) -> list[float]:
-        values = [r[key] for r in rows if r.get("component") == component and key in r]
-        return values[1:] if len(values) > 1 else values
+        return after_warmup([r[key] for r in rows if r["component"] == component and key in r])
 
     adapter = next(iter(sorted(run.glob("broadcasts/step_*/adapter_model.safetensors"))))
     checkpoint = sorted(run.glob("checkpoints/step_*/trainer"))[-1]
@@ -283,10 +262,9 @@ def rl(args: argparse.Namespace) -> None:
         )
     table = [rl_row(rl_run(args, model, rank), rank) for rank in args.ranks]
     keys = list(table[0])
-    print("| " + " | ".join(keys) + " |")
-    print("|" + "---|" * len(keys))
+    print(markdown_head(keys))
     for row in table:
-        print("| " + " | ".join(f"{row[k]:.2f}" if isinstance(row[k], float) else str(row[k]) for k in keys) + " |")
+        print(markdown_row(f"{row[k]:.2f}" if isinstance(row[k], float) else row[k] for k in keys))
 
 
 def main() -> None:

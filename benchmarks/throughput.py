@@ -38,23 +38,30 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
+import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from async_levels import summarize  # noqa: E402  (the rl runs' summary, one owner)
-
-from lorarl.cpu.cores import available_cores  # noqa: E402
-from lorarl.inference.health import wait_until_healthy  # noqa: E402
-from lorarl.orchestrator.envs.reverse_text import SYSTEM_PROMPT, WORDS  # noqa: E402
-from lorarl.tiny_model import save_tiny_model  # noqa: E402
+from lorarl.cpu.cores import available_cores
+from lorarl.orchestrator.envs.reverse_text import SYSTEM_PROMPT, WORDS
+from lorarl.tiny_model import save_tiny_model
+from runner import (
+    ENV,
+    after_warmup,
+    cli,
+    json_from_child,
+    markdown_head,
+    markdown_row,
+    metrics_rows,
+    rl_summary,
+    steady_rows,
+    vllm_server,
+)
 
 PROMPTS, ROLLOUTS, MAX_TOKENS, SEQ_LEN = 16, 8, 32, 128
 # Steps each part runs first and leaves out: the first loads and compiles; in `rl` the second still grows
@@ -102,6 +109,15 @@ def peak_rss_gib(pid: int) -> float:
     return total / 2**20
 
 
+def peak_until_exit(process: subprocess.Popen[bytes]) -> float:
+    """The highest `peak_rss_gib` of `process`, sampled every second until it exits."""
+    peak = 0.0
+    while process.poll() is None:
+        peak = max(peak, peak_rss_gib(process.pid))
+        time.sleep(1)
+    return peak
+
+
 def generation_alone(url: str, model: Path, steps: int) -> dict[str, float]:
     """(a): 128 completions per step through the server, with a fresh adapter loaded and used."""
     import peft
@@ -130,8 +146,7 @@ def generation_alone(url: str, model: Path, steps: int) -> dict[str, float]:
             (await client.post("/v1/unload_lora_adapter", json={"lora_name": "bench"})).raise_for_status()
             return times
 
-    times = asyncio.run(run())[WARMUP:] or [float("nan")]
-    return {"s_per_step": sum(times) / len(times)}
+    return {"s_per_step": statistics.fmean(after_warmup(asyncio.run(run()), WARMUP))}
 
 
 def training_floor(model: Path, steps: int, threads: int) -> dict[str, float]:
@@ -200,7 +215,7 @@ def training_floor(model: Path, steps: int, threads: int) -> dict[str, float]:
         t = time.perf_counter()
         score_probe(lora, probe)
         times["probe"].append(time.perf_counter() - t)
-    mean = {k: sum(v[WARMUP:] or v) / len(v[WARMUP:] or v) for k, v in times.items()}
+    mean = {k: statistics.fmean(after_warmup(v, WARMUP)) for k, v in times.items()}
     return {"s_per_step": mean["step"], "fwd_bwd_s": mean["floor"], "lorarl_fwd_bwd_s": mean["lorarl"],
             "unshared_fwd_bwd_s": mean["unshared"], "probe_s": mean["probe"], "threads": threads}  # fmt: skip
 
@@ -247,41 +262,29 @@ def trl_grpo(model: Path, steps: int, out: Path) -> dict[str, float]:
         peft_config=peft.LoraConfig(r=8, lora_alpha=32, target_modules=TARGETS), callbacks=[clock],
     )  # fmt: skip
     trainer.train()
-    times = clock.times[WARMUP:] or clock.times
-    return {"s_per_step": sum(times) / len(times)}
+    return {"s_per_step": statistics.fmean(after_warmup(clock.times, WARMUP))}
 
 
 def in_subprocess(part: str, args: argparse.Namespace, threads: int) -> dict[str, float]:
     """Run one part in a process of its own, for its own threads and its own peak memory."""
-    cmd = [sys.executable, __file__, "--part", part, "--steps", str(args.steps), "--model", str(args.model),
-           "--out", str(args.out), "--trainer-threads", str(threads)]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env={**os.environ, **FASTEST_MALLOC})
-    peak = 0.0
-    while proc.poll() is None:
-        peak = max(peak, peak_rss_gib(proc.pid))
-        time.sleep(1)
-    assert proc.stdout is not None
-    lines = proc.stdout.read().strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"part {part} failed (exit {proc.returncode})")
-    result = json.loads(lines[-1])
-    return {**result, "peak_gib": peak}
+    argv = [__file__, "--part", part, "--steps", str(args.steps), "--model", str(args.model),
+            "--out", str(args.out), "--trainer-threads", str(threads)]  # fmt: skip
+    peaks: list[float] = []
+    result = json_from_child(argv, {**ENV, **FASTEST_MALLOC}, lambda process: peaks.append(peak_until_exit(process)))
+    return {**result, "peak_gib": peaks[0]}
 
 
 def rl_end_to_end(args: argparse.Namespace, name: str, flags: list[str]) -> dict[str, float]:
     """(c): `rl` with its own server, as a user runs it, plus `flags`."""
-    cmd = [sys.executable, "-m", "lorarl.cli.rl", *rl_flags(args.model, args.out), "--inference.port", str(args.port),
-           "--max_steps", str(args.steps + WARMUP), "--run_name", name, "--overwrite", *flags]  # fmt: skip
-    proc = subprocess.Popen(cmd)
-    peak = 0.0
-    while proc.poll() is None:
-        peak = max(peak, peak_rss_gib(proc.pid))
-        time.sleep(1)
-    if proc.returncode != 0:
-        raise RuntimeError(f"rl {' '.join(flags)} failed (exit {proc.returncode})")
-    r = summarize(args.out / name, WARMUP)
-    rows = [json.loads(line) for line in (args.out / name / "metrics.jsonl").read_text().splitlines()]
-    trainer = [x for x in rows if x["component"] == "trainer"][WARMUP:]
+    cmd = cli("rl", *rl_flags(args.model, args.out), "--inference.port", str(args.port),
+              "--max_steps", str(args.steps + WARMUP), "--run_name", name, "--overwrite", *flags)  # fmt: skip
+    process = subprocess.Popen(cmd, env=ENV)
+    peak = peak_until_exit(process)
+    if process.returncode != 0:
+        raise RuntimeError(f"rl {' '.join(flags)} failed (exit {process.returncode})")
+    r = rl_summary(args.out / name, WARMUP)
+    rows = metrics_rows(args.out / name)
+    trainer = steady_rows([x for x in rows if x["component"] == "trainer"], WARMUP)
     live = [x["perf/adapter_live_s"] for x in rows if "perf/adapter_live_s" in x]
     # One row per version; version 0's check (the server's first prompt logprobs) warms up, as step 1 does.
     checks = [x["served/check_s"] for x in rows if "served/check_s" in x and x["step"] > 0]
@@ -289,7 +292,7 @@ def rl_end_to_end(args: argparse.Namespace, name: str, flags: list[str]) -> dict
         "s_per_step": 60 / r["steps_per_min"],
         "trainer_idle": r["trainer_idle_frac"],
         "inference_idle": 1 - r["inference_busy_frac"],
-        "fwd_bwd_s": sum(x["time/forward_backward"] for x in trainer) / max(1, len(trainer)),
+        "fwd_bwd_s": statistics.fmean(x["time/forward_backward"] for x in trainer),
         "adapter_live_s": max(live, default=float("nan")),
         "check_s": sum(checks) / len(checks) if checks else float("nan"),
         "peak_gib": peak,
@@ -300,24 +303,10 @@ def generation_on(args: argparse.Namespace, cores: int) -> dict[str, float]:
     """(a) on a server pinned to `cores` cores, started and stopped here."""
     server_args = [*rl_flags(args.model, args.out), "--inference.port", str(args.port), "--inference.cpu_threads",
                    str(cores), "--no-inference.time_share"]  # fmt: skip
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
-    with (args.out / f"inference-{cores}.log").open("w") as server_log:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "lorarl.cli.inference", *server_args],
-            stdout=server_log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-        )  # fmt: skip
     url = f"http://127.0.0.1:{args.port}"
-    try:
-        wait_until_healthy([url], timeout=900, alive=lambda: server.poll() is None)
+    with vllm_server(cli("inference", *server_args), [url], args.out / f"inference-{cores}.log", timeout=900) as server:
         result = {**generation_alone(url, args.model, args.steps + WARMUP), "cores": cores}
         result["peak_gib"] = peak_rss_gib(server.pid)
-    finally:
-        os.killpg(server.pid, 15)
-        try:
-            server.wait(60)
-        except subprocess.TimeoutExpired:  # vLLM may wait on requests a failed part left in flight
-            os.killpg(server.pid, 9)
-            server.wait()
     return result
 
 
@@ -402,7 +391,7 @@ def report(results: dict[str, dict[str, float]], args: argparse.Namespace, cores
     probe_s = next(r["probe_s"] for k, r in results.items() if k.startswith("(b)"))
     head = ["", "s/step", "completions/s", "vs TRL", "vs limit", "fwd/bwd s", "trainer idle", "inference idle",
             "adapter live s", "served check s", "check % of step", "peak GiB"]  # fmt: skip
-    print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
+    print(markdown_head(head))
     for name, r in results.items():
         s = r["s_per_step"]
         if "check_s" in r:  # the check's cost per step: the workers' checks and the trainer's probe
@@ -414,7 +403,7 @@ def report(results: dict[str, dict[str, float]], args: argparse.Namespace, cores
                          ("adapter_live_s", "{:.2f}"), ("check_s", "{:.3f}"), ("check_pct", "{:.1%}"),
                          ("peak_gib", "{:.2f}")):  # fmt: skip
             cells.append(fmt.format(r[key]) if key in r else "")
-        print("| " + " | ".join(cells) + " |")
+        print(markdown_row(cells))
     (args.out / "results.json").write_text(json.dumps({"limit_s": limit, "limit": how, **results}, indent=2))
     print(f"wrote {args.out / 'results.json'}")
 
