@@ -128,7 +128,7 @@ def step_figures(rows: list[Row], steps: int) -> dict[str, float]:
     return {"per_step": per_step, "trainer": busy, "vllm": fleet * per_step}
 
 
-def benchmark_runs(args: argparse.Namespace, folder: Path) -> None:
+def measure_runs(args: argparse.Namespace, folder: Path) -> None:
     cfg = load_config(RLConfig, ["@", args.config])
     runs = [("sweep", cfg), *variant_configs(cfg)]
     print(f"{args.steps} steps of {cfg.run_name}: the sweep, then each variant alone", flush=True)
@@ -184,7 +184,7 @@ async def time_batches(cfg: RLConfig, ops: str, adapters: dict[str, Path]) -> No
         await client.close()
 
 
-def benchmark_vllm(args: argparse.Namespace, folder: Path) -> None:
+def measure_vllm(args: argparse.Namespace, folder: Path) -> None:
     cfg = load_config(RLConfig, ["@", args.config])
     adapters = {}
     for name, variant in variant_configs(cfg):
@@ -234,7 +234,7 @@ def run_trainer(
     return max(r["memory/peak_gib"] for r in rows), summed_per_step(rows, lambda r: r["time/step"])
 
 
-def benchmark_trainer(args: argparse.Namespace, folder: Path) -> None:
+def measure_trainer(args: argparse.Namespace, folder: Path) -> None:
     build_model(args.vocab, eos_token_id=1, pad_token_id=0, hidden_size=args.hidden,
                 num_layers=args.layers).save_pretrained(folder / "model")  # fmt: skip
     print(f"Qwen3 {args.layers} layers, hidden {args.hidden}, vocab {args.vocab}; LoRA rank {args.rank}; "
@@ -277,9 +277,9 @@ def main() -> None:
     trainer.add_argument("--steps", type=int, default=3)
     trainer.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    benchmark = {"runs": benchmark_runs, "vllm": benchmark_vllm, "trainer": benchmark_trainer}[args.part]
+    measure = {"runs": measure_runs, "vllm": measure_vllm, "trainer": measure_trainer}[args.part]
     with tempfile.TemporaryDirectory() as tmp:
-        benchmark(args, Path(tmp))
+        measure(args, Path(tmp))
 
 
 if __name__ == "__main__":
