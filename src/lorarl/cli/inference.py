@@ -12,8 +12,10 @@ from lorarl.cli.common import load_run_or_exit
 from lorarl.config.run import RLConfig, RunMode
 from lorarl.exit_codes import BAD_INPUT
 from lorarl.inference.server import vllm_env
+from lorarl.launcher.memory_plan import AdapterError
 from lorarl.launcher.placement import PlacementError, visible_gpus, worker_gpus
 from lorarl.launcher.plan import worker_command
+from lorarl.launcher.preflight import PreflightError, check_model, check_seq_len
 
 
 def refuse(message: str) -> NoReturn:
@@ -51,10 +53,13 @@ def main(argv: list[str] | None = None) -> None:
             f"0-{cfg.inference.num_workers - 1}"
         )
     try:
+        # What `rl` checks of the model before it starts vLLM: else vLLM's own traceback, after its start.
+        check_model(cfg.model.name)
+        check_seq_len(cfg.model.name, cfg.seq_len)
         gpus = worker_gpus(cfg, mode, worker)
-    except PlacementError as e:
+        cmd, env = worker_command(cfg, visible_gpus(mode), worker), vllm_env(cfg, gpus)
+    except (PlacementError, PreflightError, AdapterError) as e:
         refuse(str(e))
-    cmd, env = worker_command(cfg, visible_gpus(mode), worker), vllm_env(cfg, gpus)
     print(" ".join([*(f"{k}={v}" for k, v in env.items()), shlex.join(cmd)]), flush=True)
     if not mode.dry_run:
         os.execvpe(cmd[0], cmd, {**os.environ, **env})

@@ -11,6 +11,7 @@ import argparse
 from pathlib import Path
 
 from lorarl.cli.common import exit_with, setup_logging
+from lorarl.config.common import expand_user
 from lorarl.exit_codes import BAD_INPUT
 from lorarl.launcher.preflight import PreflightError
 from lorarl.merge import merge
@@ -35,7 +36,13 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     setup_logging("merge")
     try:
-        merge(args.base, args.adapter, args.out, args.dtype, args.overwrite)
+        # A "~user" the shell left as it stands (no such user) names no folder: refused, not created here.
+        base, adapter, out = (
+            expand_user(args.base),
+            Path(expand_user(str(args.adapter))),
+            Path(expand_user(str(args.out))),
+        )
+        merge(base, adapter, out, args.dtype, args.overwrite)
     except (OSError, ValueError, PreflightError, RunFolderError) as e:  # OSError: e.g. a file system refusing root
         exit_with(e, BAD_INPUT)
 

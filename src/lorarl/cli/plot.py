@@ -11,6 +11,7 @@ import argparse
 from pathlib import Path
 
 from lorarl.cli.common import exit_with
+from lorarl.config.common import expand_user
 from lorarl.exit_codes import BAD_INPUT
 from lorarl.monitor.plots import MetricsError, plot_runs
 
@@ -25,8 +26,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, help="the folder to write the PNGs to; default: <first RUN>/plots/")
     args = parser.parse_args(argv)
     try:
-        written = plot_runs(args.runs, args.out)
-    except (MetricsError, OSError) as e:
+        # A "~user" the shell left as it stands (no such user) names no folder: refused, not created here.
+        runs = [Path(expand_user(str(run))) for run in args.runs]
+        written = plot_runs(runs, Path(expand_user(str(args.out))) if args.out else None)
+    except (MetricsError, OSError, ValueError) as e:
         exit_with(e, BAD_INPUT)
     for path in written:
         print(path)

@@ -83,6 +83,28 @@ class LossBase(Section):
         return self
 
     @model_validator(mode="after")
+    def _no_key_that_does_nothing(self) -> LossBase:
+        # A bound set where the chosen correction reads none of it: the user believes tokens are masked or
+        # capped, and nothing is (the default value passes: a file cannot tell it from an unset key).
+        unread = [
+            f"{key} = {getattr(self, key)}"
+            for key, read_by in (("mismatch_cap", ("tis", "mis", "icepop")), ("mismatch_low", ("icepop",)))
+            if self.mismatch_correction not in read_by and getattr(self, key) != type(self).model_fields[key].default
+        ]
+        if unread:
+            raise ValueError(
+                f'{", ".join(unread)} does nothing with mismatch_correction = "{self.mismatch_correction}" '
+                '(mismatch_low: "icepop" only; mismatch_cap: "tis", "mis", "icepop"): choose the correction, '
+                "or leave the key out"
+            )
+        if self.norm_constant is not None and self.norm != "constant":
+            raise ValueError(
+                f'norm_constant = {self.norm_constant} does nothing with norm = "{self.norm}": set norm = '
+                '"constant", or leave norm_constant out'
+            )
+        return self
+
+    @model_validator(mode="after")
     def _icepop_keeps_some_weights(self) -> LossBase:
         # mismatch_low <= 1 <= mismatch_cap: equal, only w == 1 exactly would be kept, so every token is masked.
         if self.mismatch_correction == "icepop" and self.mismatch_low >= self.mismatch_cap:

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from lorarl.config.common import Section
+from lorarl.config.common import MIN_WAIT, Section
 
 
 class ClusterConfig(Section):
@@ -34,10 +34,10 @@ class ClusterConfig(Section):
     inference_resources: dict[str, float] = {}
     """Ray resources added to the bundle of each vLLM worker, as trainer_resources. {}: any node with
     tensor_parallel_size GPUs (or a CPU)."""
-    placement_timeout: float = Field(300.0, gt=0)
+    placement_timeout: float = Field(300.0, ge=MIN_WAIT)
     """Seconds to wait for the Ray cluster to grant every bundle (an autoscaler may add nodes meanwhile);
     then `rl` stops and names the bundles it could not place."""
-    connect_timeout: float = Field(10.0, gt=0)
+    connect_timeout: float = Field(10.0, ge=MIN_WAIT)
     """Seconds `rl` waits for the Ray head at address ("host:port", "ray://host:port") to accept a
     connection; then it stops with one line naming the address (Ray itself would retry for minutes)."""
 

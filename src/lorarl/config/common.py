@@ -9,6 +9,7 @@ shows it, and scripts/config_reference.py renders the config reference (docs/con
 
 from __future__ import annotations
 
+import os
 import re
 import types
 from pathlib import Path
@@ -30,9 +31,26 @@ LOGITS_CHUNK_DOC = (
     "to float rounding, for one more pass of the output head. 0: the whole forward pass at once, nothing "
     "recomputed (the fastest for small vocabularies and short rows)."
 )
+
+
+def expand_user(path: str) -> str:
+    """`path` with a leading "~" or "~user" expanded as a shell would; ValueError naming it for a user
+    this machine does not have (`Path.expanduser` raises RuntimeError there, which pydantic passes on
+    as a traceback, and `os.path.expanduser` leaves it be, a folder named "~nosuchuser" in the cwd)."""
+    expanded = os.path.expanduser(path)
+    if expanded.startswith("~"):
+        user = expanded[1:].split(os.sep, 1)[0]
+        raise ValueError(f"{path}: no user {user!r} on this machine for {'~' + user} (a home folder)")
+    return expanded
+
+
 # A path the user may write with "~": expanded once, when the config is validated, so that every
 # process (vLLM, trainer, orchestrator, each reading the config rl wrote) gets the same folder.
-UserPath = Annotated[Path, AfterValidator(lambda path: path.expanduser())]
+UserPath = Annotated[Path, AfterValidator(lambda path: Path(expand_user(str(path))))]
+# The shortest wait a process, a server or a network is given (inference.request_timeout, startup_timeout,
+# policy_timeout, ...): below a second every request, start or step would time out (`request_timeout 1e-9`
+# was accepted, and the run ended in a traceback at its first request).
+MIN_WAIT = 1.0
 # A seed every consumer takes: vLLM seeds numpy with --seed, which accepts 0 .. 2**32 - 1 only.
 Seed = Annotated[int, Field(ge=0, lt=2**32)]
 

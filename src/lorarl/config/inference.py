@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 
 from lorarl.addresses import is_loopback, url_problem
-from lorarl.config.common import Section
+from lorarl.config.common import MIN_WAIT, Section
 
 # vLLM flags `rl` sets from the config (inference/server.py's vllm_command): in extra_args vLLM would
 # take the later one, and the run would disagree with its own config (another port, length, model).
@@ -24,7 +24,18 @@ _OWN_FLAGS = {
     "--api-key": "inference.api_key",
     "--max-lora-rank": "model.lora.rank (the largest of the run's adapters)",
     "--logprobs-mode": "none: lorarl needs processed_logprobs (the sampled distribution's)",
+    "--enable-lora": "model.full_finetune (LoRA is served unless it is true)",
+    "--served-model-name": "model.name (the orchestrator asks for the model by that name)",
+    "--tokenizer": "model.name (the tokenizer the trainer and orchestrator use too)",
+    "--worker-extension-cls": "none: lorarl's loads adapters on the CPU and weights for full fine-tuning",
 }
+
+
+def vllm_flag(arg: str) -> str:
+    """The flag of a vLLM argument as vLLM reads it: `--max_model_len=4096` is `--max-model-len` (vLLM's
+    parser takes underscores for dashes), so that no spelling slips past the flags lorarl sets."""
+    flag = arg.split("=", 1)[0]
+    return "--" + flag[2:].replace("_", "-") if flag.startswith("--") else flag
 
 
 class InferenceConfig(Section):
@@ -72,16 +83,16 @@ class InferenceConfig(Section):
     (docs/performance.md); workers that need every core spread over all of them. None: with time_share,
     every core (split evenly between workers); without, 1 each, leaving the last core (and any others)
     to trainer.num_threads. Unused with urls and on GPUs."""
-    startup_timeout: float = Field(600.0, gt=0)
+    startup_timeout: float = Field(600.0, ge=MIN_WAIT)
     """Seconds to wait for every vLLM server to answer /health before giving up."""
     extra_args: list[str] = []
     """More arguments for every vLLM server `rl` starts, appended to its command (e.g. ["--enforce-eager"]);
     a `--max-loras` here replaces the derived one and must hold max_policy_lag + 2 adapters (for each
     of the [[variants]], if any). []: none."""
-    unavailable_timeout: float = Field(300.0, gt=0)
+    unavailable_timeout: float = Field(300.0, ge=MIN_WAIT)
     """Seconds the orchestrator keeps retrying while no worker answers (each failing worker is taken
     out of routing and put back once healthy, with the adapters in use); then the run stops."""
-    request_timeout: float = Field(60.0, gt=0)
+    request_timeout: float = Field(60.0, ge=MIN_WAIT)
     """Seconds a worker gets to answer any request (queueing, the prompt, an adapter load, the /health
     probe sent every 5 s) before it counts as stalled; a generation gets max_tokens / min_tokens_per_s
     seconds more. A stalled worker is taken out of routing while the others carry the run (logged, and
@@ -119,7 +130,7 @@ class InferenceConfig(Section):
     @classmethod
     def _no_flag_of_lorarls(cls, value: list[str]) -> list[str]:
         for arg in value:
-            flag = arg.split("=", 1)[0]
+            flag = vllm_flag(arg)
             if flag in _OWN_FLAGS:
                 raise ValueError(f"{flag} is set by lorarl from {_OWN_FLAGS[flag]}: set that key instead")
         return value
@@ -148,6 +159,16 @@ class InferenceConfig(Section):
             raise ValueError(
                 f"inference.api_key is required when inference.host ({self.host}) is not a loopback address "
                 "(an empty or blank key counts as none)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _tolerance_of_a_check(self) -> InferenceConfig:
+        # With the check off, a tolerance is read by nothing: the user believes adapters are checked.
+        if self.served_check == "off" and self.served_check_tolerance is not None:
+            raise ValueError(
+                f'served_check_tolerance = {self.served_check_tolerance} does nothing with served_check = "off": '
+                'set served_check = "stop" or "warn", or leave served_check_tolerance out'
             )
         return self
 

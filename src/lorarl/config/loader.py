@@ -76,6 +76,12 @@ def _load(cls: type[T], mode_cls: type[M] | None, argv: list[str] | None) -> tup
     merged: dict[str, Any] = {}
     for _, data in layers:
         merged = _merge(merged, data)
+    if found := _lone_surrogate(merged):
+        loc, value = found
+        raise ConfigError(
+            f"{'.'.join(map(str, loc))}: {value!r} holds a lone surrogate, which is not text (a broken \\u escape "
+            f"or bytes that are not UTF-8) and no tokenizer or request can carry (from {_origin(loc, merged, layers)})"
+        )
     mode_keys = set(mode_cls.model_fields) if mode_cls is not None else set()
     problems, cfg, mode = [], None, None
     try:
@@ -91,6 +97,23 @@ def _load(cls: type[T], mode_cls: type[M] | None, argv: list[str] | None) -> tup
         raise ConfigError("\n".join(problems))
     assert cfg is not None
     return cfg, mode
+
+
+def _lone_surrogate(data: Any, loc: Loc = ()) -> tuple[Loc, str] | None:
+    """The key and value of the first string in `data` with a lone surrogate (JSON's "\\ud800", or an
+    argument's bytes that are not UTF-8): valid in a Python str, it is accepted and then fails where the
+    text is encoded, in a tokenizer or a request, as a traceback at start."""
+    if isinstance(data, str):
+        try:
+            data.encode()
+        except UnicodeEncodeError:
+            return loc, data
+        return None
+    items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, list) else ()
+    for key, value in items:
+        if (found := _lone_surrogate(value, (*loc, key))) is not None:
+            return found
+    return None
 
 
 def _both(cls: type[BaseModel], mode_cls: type[BaseModel]) -> type[BaseModel]:
@@ -126,6 +149,7 @@ def _parse_flags(cls: type[BaseModel], flags: list[str]) -> dict[str, Any]:
     class Settings(BaseSettings, cls):  # type: ignore[misc, valid-type]
         __doc__ = _HELP
 
+    flags, escaped = _take_escaped_json(cls, flags)
     try:
         source = CliSettingsSource[Any](
             Settings,
@@ -136,9 +160,88 @@ def _parse_flags(cls: type[BaseModel], flags: list[str]) -> dict[str, Any]:
             cli_hide_none_type=True,
             cli_shortcuts={name: name.replace("_", "-") for name in cls.model_fields if "_" in name},
         )
-        return _null_lists(source())
+        parsed = _null_lists(source())
     except SettingsError as e:
+        if bad := _invalid_json(flags):
+            raise ConfigError(bad) from None
         raise ConfigError(f"{_COMMAND_LINE}: {str(e).removeprefix('error parsing CLI: ')}") from None
+    for path, value in escaped:
+        _put(parsed, path, value)
+    return parsed
+
+
+def _flag_values(flags: list[str]) -> list[tuple[int, str, str]]:
+    """(index of the value, flag name without dashes, value) of each `--key value` or `--key=value`."""
+    found = []
+    for i, flag in enumerate(flags):
+        if not flag.startswith("--"):
+            continue
+        name, eq, value = flag[2:].partition("=")
+        if eq:
+            found.append((i, name, value))
+        elif i + 1 < len(flags) and not flags[i + 1].startswith("--"):
+            found.append((i + 1, name, flags[i + 1]))
+    return found
+
+
+def _take_escaped_json(cls: type[BaseModel], flags: list[str]) -> tuple[list[str], list[tuple[list[str], Any]]]:
+    """`flags` with each JSON list or object value that holds a backslash replaced by an empty one of its
+    kind, and those values parsed here, by key path. pydantic-settings doubles every backslash of a list
+    value before decoding it: an escaped quote (`["a\\"b"]`) became "error parsing value for field", and
+    an escaped backslash two backslashes, silently. The flag stays for pydantic-settings to check its key."""
+    flags = list(flags)
+    taken = []
+    values = _flag_values(flags)
+    for i, name, value in values:
+        path = name.split(".")
+        if "\\" not in value or not value.lstrip().startswith(("[", "{")) or not _is_field(cls, path):
+            continue
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError:
+            continue  # reported by _invalid_json, if pydantic-settings refuses it
+        if sum(n == name for _, n, _ in values) > 1:  # the parts' order would be lost
+            raise ConfigError(
+                f"--{name}: given more than once, once as JSON with a \\ escape: give it once, as one JSON value"
+            )
+        empty = "[]" if isinstance(parsed, list) else "{}"
+        flags[i] = f"--{name}={empty}" if flags[i].startswith("--") else empty
+        taken.append((path, parsed))
+    return flags, taken
+
+
+def _is_field(cls: type[BaseModel], path: list[str]) -> bool:
+    """Whether the dotted key `path` names a field of `cls` (through its sections)."""
+    annotation: Any = cls
+    for part in path:
+        if (
+            not (isinstance(annotation, type) and issubclass(annotation, BaseModel))
+            or part not in annotation.model_fields
+        ):
+            return False
+        annotation = annotation.model_fields[part].annotation
+    return True
+
+
+def _put(data: dict[str, Any], path: list[str], value: Any) -> None:
+    for part in path[:-1]:
+        data = data.setdefault(part, {})
+    data[path[-1]] = value
+
+
+def _invalid_json(flags: list[str]) -> str | None:
+    """The message for the first value that looks like JSON (a list or object) and is not, naming its
+    flag: pydantic-settings says only "error parsing value for field <section>"."""
+    for _, name, value in _flag_values(flags):
+        if value.lstrip().startswith(("[", "{")):
+            try:
+                json.loads(value)
+            except json.JSONDecodeError as e:
+                return (
+                    f"--{name}: {value!r} is not valid JSON ({e}); strings take double quotes, e.g. "
+                    '\'[{"id": "reverse_text"}]\''
+                )
+    return None
 
 
 def _null_lists(data: dict[str, Any]) -> dict[str, Any]:

@@ -3,13 +3,12 @@ loads and vLLM serves."""
 
 from __future__ import annotations
 
-import os
 import re
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
-from lorarl.config.common import VLLM_LORA_RANKS, Section, UserPath
+from lorarl.config.common import VLLM_LORA_RANKS, Section, UserPath, expand_user
 
 
 class LoraConfig(Section):
@@ -74,7 +73,7 @@ class LoraConfig(Section):
 
 
 class ModelConfig(Section):
-    name: Annotated[str, AfterValidator(os.path.expanduser)]
+    name: Annotated[str, AfterValidator(expand_user)]
     """The base model: a Hugging Face model folder (or a hub id where a hub is reachable), which the
     trainer and vLLM load."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"

@@ -9,7 +9,11 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from lorarl.config.algorithms import AdvantageConfig, GRPOAdvantage, upgrade_advantage
-from lorarl.config.common import Section, Seed
+from lorarl.config.common import MIN_WAIT, Section, Seed
+
+# Chat template variables that templates test as switches (`{% if enable_thinking %}`): any string is true
+# there, "no" and "off" included.
+_TEMPLATE_SWITCHES = ("enable_thinking", "add_generation_prompt", "continue_final_message", "thinking")
 
 
 class SamplingConfig(Section):
@@ -154,7 +158,7 @@ class OrchestratorConfig(Section):
     """Extra variables for the model's chat template when it renders episodes, e.g. { enable_thinking = false }
     for Qwen3 (which then opens each answer with an empty <think> block that later turns do not repeat, so
     multi-turn episodes split into a sample per turn: `split_frac`)."""
-    policy_timeout: float = Field(1800.0, gt=0)
+    policy_timeout: float = Field(1800.0, ge=MIN_WAIT)
     """Seconds the orchestrator waits for the trainer's next adapter before giving up (the trainer may
     have died)."""
     reward_timeout: float = Field(600.0, gt=0)
@@ -176,7 +180,13 @@ class OrchestratorConfig(Section):
     def _no_quoted_booleans(cls, value: dict[str, Any]) -> dict[str, Any]:
         # A template tests `if enable_thinking`: the string "false" is true there, so thinking stays on.
         for key, item in value.items():
-            if isinstance(item, str) and item.strip().lower() in ("true", "false"):
+            quoted = isinstance(item, str) and item.strip().lower() in ("true", "false")
+            if isinstance(item, str) and item and key in _TEMPLATE_SWITCHES and not quoted:  # "no", "off": true too
+                raise ValueError(
+                    f"{key} = {item!r} is a string, which a chat template takes as true: {key} is a switch, write "
+                    f"{key} = true or {key} = false (a TOML boolean, no quotes)"
+                )
+            if quoted:
                 raise ValueError(
                     f"{key} = {item!r} is a string, which a chat template takes as true: write {key} = "
                     f"{item.strip().lower()} (a TOML boolean, no quotes)"

@@ -10,7 +10,7 @@ from typing import Any, Literal, Self
 from pydantic import Field, field_validator, model_validator
 
 from lorarl.config.cluster import ClusterConfig
-from lorarl.config.common import Section, Seed, UserPath
+from lorarl.config.common import MIN_WAIT, Section, Seed, UserPath
 from lorarl.config.inference import InferenceConfig
 from lorarl.config.model import LoraConfig, ModelConfig, check_quantized_base
 from lorarl.config.orchestrator import EnvConfig, OrchestratorConfig
@@ -44,13 +44,23 @@ class MonitorConfig(Section):
     wandb: WandbConfig | None = None
     """Mirror the metrics to Weights & Biases; absent: no wandb. A [monitor.wandb] table, even empty,
     turns it on."""
-    stall_warning: float = Field(300, gt=0)
+    stall_warning: float = Field(300, ge=MIN_WAIT)
     """`rl`: seconds with no new step (in metrics.jsonl) before the console says, in one line, which
     process the run waits on and for how long, with that process's last log line; said again every
     as many seconds while the wait lasts."""
-    stall_stop: float | None = Field(3600, gt=0)
+    stall_stop: float | None = Field(3600, ge=MIN_WAIT)
     """`rl`: seconds with no new step before the run is stopped (exit code 1), a frozen process or a
     reward that never returns included. None: never. Both need monitor.jsonl."""
+
+    @model_validator(mode="after")
+    def _warned_before_stopped(self) -> Self:
+        # A stop at or before the first warning stops the run without the line that says what it waits on.
+        if self.stall_stop is not None and self.stall_stop <= self.stall_warning:
+            raise ValueError(
+                f"stall_stop = {self.stall_stop:g} s is not after stall_warning = {self.stall_warning:g} s: the run "
+                "would stop before the console says what it waits on; raise stall_stop, or lower stall_warning"
+            )
+        return self
 
 
 class RunFolderConfig(Section):
@@ -223,6 +233,17 @@ class RLConfig(SharedConfig):
     def _rl_trains_lora(self) -> RLConfig:
         if self.model.lora is None and not self.model.full_finetune:
             self.model.lora = LoraConfig()
+        return self
+
+    @model_validator(mode="after")
+    def _warmup_ends_in_the_run(self) -> RLConfig:
+        # The learning rate would never reach trainer.optim.lr: the run trains at a fraction of what it says.
+        warmup = self.trainer.scheduler.warmup_steps
+        if warmup >= self.max_steps:
+            raise ValueError(
+                f"trainer.scheduler.warmup_steps = {warmup} is not below max_steps = {self.max_steps}: the learning "
+                "rate would never reach trainer.optim.lr; lower warmup_steps, or raise max_steps"
+            )
         return self
 
     @model_validator(mode="after")

@@ -11,6 +11,7 @@ import sys
 from dataclasses import dataclass
 
 from lorarl.config.common import VLLM_LORA_RANKS
+from lorarl.config.inference import vllm_flag
 from lorarl.config.run import RLConfig
 from lorarl.config.serve import ServeConfig, WorkersConfig
 from lorarl.cpu.cores import pinned, worker_cores
@@ -73,13 +74,12 @@ def given_max_loras(extra_args: list[str]) -> int | None:
     """The `--max-loras` set in inference.extra_args (`--max-loras N` or `--max-loras=N`), if any;
     ValueError naming the key if it is no whole number."""
     for i, arg in enumerate(extra_args):
-        value = arg.partition("=")[2] if arg.startswith("--max-loras=") else None
-        if arg == "--max-loras":
-            value = extra_args[i + 1] if i + 1 < len(extra_args) else ""
-        if value is not None:
-            if not value.isdigit():
-                raise ValueError(f"inference.extra_args: --max-loras takes a whole number, not {value!r}")
-            return int(value)
+        if vllm_flag(arg) != "--max-loras":  # --max_loras too: vLLM reads it alike
+            continue
+        value = arg.partition("=")[2] if "=" in arg else extra_args[i + 1] if i + 1 < len(extra_args) else ""
+        if not value.isdigit():
+            raise ValueError(f"inference.extra_args: --max-loras takes a whole number, not {value!r}")
+        return int(value)
     return None
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import errno
 import functools
 import importlib.util
+import json
 import logging
 import os
 import random
@@ -161,8 +162,16 @@ def check_cluster(cfg: RLConfig, auto_resume: int = 0) -> None:
     """[cluster] asks for something this config and machine can do (`auto_resume`: RLRunMode's)."""
     cluster, inf = cfg.cluster, cfg.inference
     if cluster.backend == "local":
-        for key in ("address", "trainer_resources", "inference_resources"):
-            if getattr(cluster, key):
+        # Every key but backend and shared_fs is Ray's: set here (off its default), it would do nothing.
+        for key in (
+            "address",
+            "trainer_resources",
+            "inference_resources",
+            "placement_timeout",
+            "connect_timeout",
+            "node_dir",
+        ):
+            if getattr(cluster, key) != type(cluster).model_fields[key].default:
                 raise PreflightError(f'cluster.{key} is for cluster.backend = "ray": set that, or leave {key} out')
         if not cluster.shared_fs:
             raise PreflightError(
@@ -298,15 +307,57 @@ def check_model_folder(path: Path, key: str = "model.name") -> None:
     config = path / "config.json"
     if not config.is_file():
         raise PreflightError(f"{key}: {path} has no config.json (expected a Hugging Face model folder)")
+    _check_layers(config, key)
     try:
-        AutoConfig.from_pretrained(path)
+        found = AutoConfig.from_pretrained(path)
     except Exception as e:  # transformers raises OSError, ValueError, KeyError... for a bad config.json
         raise PreflightError(f"{key}: {config} is not a model config transformers reads: {_first_line(e)}") from None
+    _check_causal_lm(found, config, key)
     model_weights(path, key)
     try:
-        _load_tokenizer(str(path))  # cached: check_prompts measures the prompts with it
+        tokenizer = _load_tokenizer(str(path))  # cached: check_prompts measures the prompts with it
     except Exception as e:  # as above, for the tokenizer's files
         raise PreflightError(f"{key}: the tokenizer in {path} does not load: {_first_line(e)}") from None
+    if getattr(tokenizer, "chat_template", None) is None:
+        # transformers builds a tokenizer of one token from a folder with no tokenizer files, and only
+        # rendering the first conversation fails (a traceback at start; lorarl-merge wrote it as it was).
+        raise PreflightError(
+            f"{key}: the tokenizer in {path} has no chat template (no chat_template.jinja, no chat_template in "
+            "tokenizer_config.json), which lorarl renders every conversation with: copy the tokenizer files "
+            "of the model it came from into that folder"
+        )
+
+
+def _check_layers(config: Path, key: str) -> None:
+    """A model of at least one layer (transformers' own check of num_hidden_layers = 0 ends in a
+    validator's name, "validate_layer_type", not the key)."""
+    try:
+        data = json.loads(config.read_text())
+    except (OSError, ValueError):
+        return  # AutoConfig's refusal names it
+    for where in (data, data.get("text_config") if isinstance(data, dict) else None):
+        layers = where.get("num_hidden_layers") if isinstance(where, dict) else None
+        if isinstance(layers, int) and not isinstance(layers, bool) and layers < 1:
+            raise PreflightError(f"{key}: {config} has num_hidden_layers = {layers}: a model of no layers")
+
+
+def _check_causal_lm(found: Any, config: Path, key: str) -> None:
+    """A model that AutoModelForCausalLM loads as a generator: not an encoder-decoder (T5 was reported
+    as an attention implementation) nor a checkpoint of an encoder or a head-less base (BERT's
+    BertModel, whose LoRA targets were then reported missing)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    generators = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
+    architectures = list(getattr(found, "architectures", None) or [])
+    generates = not architectures or any(
+        a in generators or a.endswith(("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")) for a in architectures
+    )
+    causal = found.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not getattr(found, "is_encoder_decoder", False)
+    if not (causal and generates):
+        raise PreflightError(
+            f"{key}: {config} describes {', '.join(architectures) or found.model_type} (model_type "
+            f"{found.model_type!r}), not a causal language model: lorarl trains and serves decoder-only chat models"
+        )
 
 
 def model_weights(path: Path, key: str = "model.name") -> dict[str, tuple[int, ...]]:

@@ -55,7 +55,10 @@ class Workspace:
         return path
 
     def snapshot(self) -> dict[str, tuple[int, int]]:
-        return {str(p.relative_to(self.root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in self.root.rglob("*")}
+        """Size and mtime of every entry, a link's own (one may lead nowhere; what it leads to in the
+        workspace has an entry of its own)."""
+        stats = {str(p.relative_to(self.root)): p.lstat() for p in self.root.rglob("*")}
+        return {name: (s.st_size, s.st_mtime_ns) for name, s in stats.items()}
 
 
 Case = tuple[str, Callable[[Workspace], list[str]], str]  # (command, its arguments, what the message names)

@@ -80,6 +80,18 @@ PLANTED = {
     "sft-final-to-folder": ("sft", "final", "folder"),
     "sft-logs-to-folder": ("sft", "logs", "folder"),
     "sft-record-to-file": ("sft", RECORD, "file"),
+    # Third pass (issue 49): other entries, other targets.
+    "samples-to-folder": ("rl", "samples", "folder"),
+    "broadcasts-to-folder": ("rl", "broadcasts", "folder"),
+    "final-to-folder": ("rl", "final", "folder"),
+    "commands-to-file": ("rl", "configs/commands.txt", "file"),
+    "orch-log-to-file": ("rl", "logs/orchestrator.log", "file"),
+    "step-to-folder": ("rl", "checkpoints/step_2", "folder"),
+    "record-to-folder": ("rl", RECORD, "folder"),
+    "dangling-config": ("rl", "configs/orchestrator.json", "nowhere"),
+    "sft-configs-to-folder": ("sft", "configs", "folder"),
+    "sft-metrics-to-file": ("sft", "metrics.jsonl", "file"),
+    "sft-lock-to-file": ("sft", ".lock", "file"),
 }
 
 
@@ -89,7 +101,7 @@ def planted(ws: Workspace) -> None:
     user.mkdir(parents=True)
     for name in ("trainer.json", "trainer.log", "overview.png", "config.json", "adapter_config.json"):
         (user / name).write_text(f"the user's {name}\n" * 40)
-    targets = {"folder": user, "file": ws.user / "chapter1.tex"}
+    targets = {"folder": user, "file": ws.user / "chapter1.tex", "nowhere": links(ws) / "user" / "not-yet"}
     for name, (kind, place, target) in PLANTED.items():
         plant(finished_run(ws, name, kind), place, targets[target])
     folder_record = finished_run(ws, "record-is-folder")  # a record that is a folder, not a file
@@ -108,6 +120,8 @@ def planted(ws: Workspace) -> None:
     plotted.mkdir()
     (plotted / RECORD).symlink_to(ws.user / "chapter1.tex")
     (links(ws) / "metrics.jsonl").write_text(ROW + "\n")
+    (links(ws) / "dangling").symlink_to(links(ws) / "not-there")  # a link to what is not (yet) there
+    (links(ws) / "relative").symlink_to("user")  # a relative link, to the user's folder beside it
 
 
 def in_run(name: str, *more: str, kind: str = "rl") -> Callable[[Workspace], list[str]]:
@@ -178,6 +192,27 @@ CASES: list[Case] = [
     ("lorarl-merge", merge_into("latest-merge", "--overwrite"), f"latest-merge {IS_LINK}"),
     ("lorarl-merge", merge_into("latest-merge"), f"latest-merge {IS_LINK}"),
     ("lorarl-merge", merge_into("to-empty"), f"to-empty {IS_LINK}"),
+    # Third pass (issue 49): other entries, dangling and relative links, each command.
+    ("rl", in_run("samples-to-folder", "--overwrite"), f"samples-to-folder/samples {IS_LINK}"),
+    ("rl", in_run("broadcasts-to-folder", "--resume"), f"broadcasts-to-folder/broadcasts {IS_LINK}"),
+    ("rl", in_run("final-to-folder", "--overwrite"), f"final-to-folder/final {IS_LINK}"),
+    ("rl", in_run("commands-to-file", "--overwrite"), f"configs/commands.txt {IS_LINK}"),
+    ("rl", in_run("orch-log-to-file", "--resume"), f"logs/orchestrator.log {IS_LINK}"),
+    ("rl", in_run("step-to-folder", "--overwrite"), f"checkpoints/step_2 {IS_LINK}"),
+    ("rl", in_run("record-to-folder", "--overwrite"), f"record-to-folder/{RECORD} {IS_LINK}"),
+    ("rl", in_run("dangling-config", "--overwrite"), f"configs/orchestrator.json {IS_LINK}"),
+    ("sft", in_run("sft-configs-to-folder", "--overwrite", kind="sft"), f"sft-configs-to-folder/configs {IS_LINK}"),
+    ("sft", in_run("sft-metrics-to-file", "--resume", kind="sft"), f"sft-metrics-to-file/metrics.jsonl {IS_LINK}"),
+    ("sft", in_run("sft-lock-to-file", "--overwrite", "--dry-run", kind="sft"), f"sft-lock-to-file/.lock {IS_LINK}"),
+    ("lorarl-trainer", alone("metrics-to-file"), f"metrics-to-file/metrics.jsonl {IS_LINK}"),
+    ("lorarl-trainer", alone("step-to-folder"), f"checkpoints/step_2 {IS_LINK}"),
+    ("lorarl-orchestrator", alone("rollouts-to-folder"), f"rollouts/step_1 {IS_LINK}"),
+    ("lorarl-orchestrator", alone("samples-to-folder"), f"samples-to-folder/samples {IS_LINK}"),
+    ("lorarl-plot", plot_into("dangling"), f"dangling {IS_LINK}"),
+    ("lorarl-plot", plot_into("relative"), f"relative {IS_LINK}"),
+    ("lorarl-plot", plot_into("runs/final-to-folder/final/figures"), f"final-to-folder/final {IS_LINK}"),
+    ("lorarl-merge", merge_into("dangling"), f"dangling {IS_LINK}"),
+    ("lorarl-merge", merge_into("relative", "--overwrite"), f"relative {IS_LINK}"),
 ]
 
 

@@ -28,6 +28,15 @@ def fifo(ws: Workspace) -> None:
         os.mkfifo(path)
     ws.write("top-k-true.toml", "[orchestrator.sampling]\ntop_k = true\n")
     ws.write("lr-false.toml", "[trainer.optim]\nlr = false\n")
+    ws.write("rank-true.toml", "[model.lora]\nrank = true\n")
+    ws.write("workers-true.toml", "[inference]\nnum_workers = true\n")
+    ws.write("timeout-false.toml", "[inference]\nrequest_timeout = false\n")
+    ws.write("keep-true.toml", "[trainer.ckpt]\nkeep_last = true\n")
+    ws.write("surrogate.json", '{"orchestrator": {"env": [{"id": "reverse_text", "args": {"words": ["ab\\udc00"]}}]}}')
+
+
+def icepop(*more: str) -> tuple[str, ...]:
+    return "--trainer.loss.mismatch_correction", "icepop", *more
 
 
 CASES: list[Case] = [
@@ -65,6 +74,68 @@ CASES: list[Case] = [
         "orchestrator.chat_template_kwargs: enable_thinking = 'false' is a string",
     ),
     ("sft", sft_args("--seq_len", "2049"), "handles at most 2048 positions (max_position_embeddings"),
+    # Third pass (issue 49, new values). TOML's booleans for numbers, in other sections.
+    ("rl", rl_args("@", "{w.root}/inputs/rank-true.toml"), "rank = true: rank takes a number"),
+    ("rl", rl_args("@", "{w.root}/inputs/workers-true.toml"), "num_workers = true: num_workers takes a number"),
+    ("rl", rl_args("@", "{w.root}/inputs/timeout-false.toml"), "request_timeout = false: request_timeout takes"),
+    ("rl", rl_args("@", "{w.root}/inputs/keep-true.toml"), "keep_last = true: keep_last takes a number"),
+    # Strings where a template takes a switch: any string is true there.
+    ("rl", rl_args("--orchestrator.chat_template_kwargs", '{"enable_thinking": "no"}'), "enable_thinking = 'no'"),
+    ("rl", rl_args("--orchestrator.chat_template_kwargs", '{"thinking": "off"}'), "thinking = 'off' is a string"),
+    (
+        "rl",
+        rl_args("--orchestrator.chat_template_kwargs", '{"add_generation_prompt": " False "}'),
+        "add_generation_prompt = ' False ' is a string",
+    ),
+    # Keys that do nothing in the chosen mode.
+    ("rl", rl_args("--trainer.loss.mismatch_low", "0.25"), "mismatch_low = 0.25 does nothing with mismatch_corr"),
+    ("rl", rl_args("--trainer.loss.mismatch_cap", "4"), "mismatch_cap = 4.0 does nothing with mismatch_correction"),
+    (
+        "rl",
+        rl_args("--trainer.loss.mismatch_correction", "tis", "--trainer.loss.mismatch_low", "0.8"),
+        'mismatch_low = 0.8 does nothing with mismatch_correction = "tis"',
+    ),
+    ("rl", rl_args("--trainer.loss.norm_constant", "512"), 'norm_constant = 512.0 does nothing with norm = "token"'),
+    (
+        "rl",
+        rl_args("--inference.served_check", "off", "--inference.served_check_tolerance", "0.5"),
+        'served_check_tolerance = 0.5 does nothing with served_check = "off"',
+    ),
+    ("rl", rl_args("--cluster.placement_timeout", "60"), 'cluster.placement_timeout is for cluster.backend = "ray"'),
+    ("rl", rl_args("--cluster.node_dir", "{w.root}/nodes"), 'cluster.node_dir is for cluster.backend = "ray"'),
+    # Timeouts no request, start or step can meet, and combinations that cannot be meant.
+    ("rl", rl_args("--inference.request_timeout", "1e-6"), "inference.request_timeout: Input should be greater"),
+    ("rl", rl_args("--inference.startup_timeout", "0.001"), "inference.startup_timeout: Input should be greater"),
+    ("rl", rl_args("--inference.unavailable_timeout", "0.5"), "inference.unavailable_timeout: Input should be"),
+    ("rl", rl_args("--orchestrator.policy_timeout", "1e-3"), "orchestrator.policy_timeout: Input should be"),
+    ("rl", rl_args("--monitor.stall_stop", "0.01"), "monitor.stall_stop: Input should be greater than or equal"),
+    ("rl", rl_args("--monitor.stall_warning", "600", "--monitor.stall_stop", "120"), "stall_stop = 120 s is not after"),
+    ("rl", rl_args("--trainer.scheduler.warmup_steps", "25"), "warmup_steps = 25 is not below max_steps = 20"),
+    (
+        "rl",
+        rl_args("--max_steps", "5", "--trainer.scheduler.warmup_steps", "5"),
+        "warmup_steps = 5 is not below max_steps = 5",
+    ),
+    (
+        "rl",
+        rl_args(*icepop("--trainer.loss.mismatch_low", "1", "--trainer.loss.mismatch_cap", "1.0")),
+        "masks every token",
+    ),
+    # vLLM flags lorarl sets, in another spelling or not yet listed.
+    ("rl", rl_args("--inference.extra_args", '["--max_model_len", "1024"]'), "--max-model-len is set by lorarl"),
+    ("rl", rl_args("--inference.extra_args=--gpu_memory_utilization=0.3"), "--gpu-memory-utilization is set by"),
+    ("rl", rl_args("--inference.extra_args", '["--enable-lora"]'), "--enable-lora is set by lorarl"),
+    ("rl", rl_args("--inference.extra_args", '["--served-model-name", "x"]'), "--served-model-name is set by lorarl"),
+    ("rl", rl_args("--inference.extra_args", '["--tokenizer=/tmp"]'), "inference.extra_args: --tokenizer is set by"),
+    ("rl", rl_args("--inference.extra_args", '["--max_loras", "1"]'), "inference.extra_args sets --max-loras 1"),
+    # Lone surrogates (JSON escapes of half a character): accepted, then a traceback where encoded.
+    ("rl", rl_args("@", "{w.root}/inputs/surrogate.json"), "orchestrator.env.0.args.words.0: 'ab\\udc00' holds a lone"),
+    (
+        "rl",
+        rl_args("--orchestrator.chat_template_kwargs", '{"persona": "\\ud83d"}'),
+        "orchestrator.chat_template_kwargs.persona: '\\ud83d' holds a lone surrogate",
+    ),
+    ("sft", sft_args("--data.split", "tr\udcffain"), "data.split: 'tr\\udcffain' holds a lone surrogate"),
 ]
 
 

@@ -182,8 +182,8 @@ VARIANTS += [
 VARIANTS += [
     *({"mismatch_correction": "icepop", "mismatch_level": level, "mismatch_cap": CAP, "mismatch_low": LOW_W,
        "kl_coef": 0.3} for level in ("token", "sequence")),
-    *({"mismatch_correction": c, "mismatch_geo_mask": GEO, "mismatch_cap": CAP, "mismatch_low": LOW_W,
-       "norm": "sequence"} for c in ("none", "tis", "icepop")),
+    *({"mismatch_correction": c, "mismatch_geo_mask": GEO, **({"mismatch_cap": CAP} if c != "none" else {}),
+       **({"mismatch_low": LOW_W} if c == "icepop" else {}), "norm": "sequence"} for c in ("none", "tis", "icepop")),
     {"mismatch_geo_mask": GEO, "ratio_level": "sequence", "type": "cispo"},
     {"mismatch_correction": "tis", "mismatch_cap": CAP, "ratio_level": "sequence", "type": "mask"},
     {"mismatch_correction": "mis", "mismatch_level": "sequence", "mismatch_cap": CAP, "type": "cispo"},
