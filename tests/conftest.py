@@ -1,4 +1,5 @@
-"""Shared fixtures: the tiny local model, and one real vLLM server reused by integration tests."""
+"""Shared fixtures: the tiny local model, and one real vLLM server reused by integration tests; the
+lanes' marks (`vllm` from the fixtures a test asks for; `gpu` deselected where no GPU is)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import socket
 import subprocess
 import sys
@@ -96,7 +98,23 @@ def vllm_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> I
 _VLLM_FIXTURES = {"vllm_server", "server"}
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def gpu_visible() -> bool:
+    """What scripts/setup.sh asks to install the GPU build: nvidia-smi lists a GPU."""
+    smi = shutil.which("nvidia-smi")
+    return smi is not None and subprocess.run([smi, "-L"], capture_output=True).returncode == 0
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if _VLLM_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.vllm)
+    # The gpu lane cannot run here: deselected (counted in pytest's summary, named in the report's
+    # header), not skipped one by one as if a check had been waived.
+    gpu = [item for item in items if item.get_closest_marker("gpu")]
+    if gpu and not gpu_visible():
+        config.hook.pytest_deselected(items=gpu)
+        items[:] = [item for item in items if not item.get_closest_marker("gpu")]
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    return None if gpu_visible() else "gpu lane: no GPU visible (nvidia-smi -L), its tests are deselected"
