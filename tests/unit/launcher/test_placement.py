@@ -194,14 +194,18 @@ def test_gpu_ids_select_among_the_gpus_rl_sees(tmp_path: Path, monkeypatch: pyte
     assert [specs[n].env["CUDA_VISIBLE_DEVICES"] for n in names] == ["0", "1", "2,3"]
 
 
-def test_inference_alone_takes_the_gpus_rl_would_give_the_worker(capsys: pytest.CaptureFixture[str]) -> None:
+def test_inference_alone_takes_the_gpus_rl_would_give_the_worker(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     c, pretend = cfg({"num_workers": 2, "tensor_parallel_size": 2}), RunMode(dry_run=True, dry_run_devices=8)
     assert worker_gpus(c, pretend, 1) == "2,3"
     with pytest.raises(PlacementError, match="--worker 2: inference.num_workers = 2 has workers 0-1"):
         worker_gpus(c, pretend, 2)
     from lorarl.cli import inference
+    from lorarl.tiny_model import save_tiny_model
 
-    inference.main(["--model.name", "m", "--inference.num_workers", "2", "--trainer.gpu_ids", "[0]",
+    model = save_tiny_model(tmp_path / "model", hidden_size=64, num_layers=2)  # its dry run checks the model
+    inference.main(["--model.name", str(model), "--inference.num_workers", "2", "--trainer.gpu_ids", "[0]",
                     "--dry-run", "--dry-run-devices", "4", "--worker", "1"])  # fmt: skip
     assert capsys.readouterr().out.startswith("VLLM_ALLOW_RUNTIME_LORA_UPDATING=True CUDA_VISIBLE_DEVICES=2 ")
 
