@@ -28,7 +28,7 @@ import sys
 from collections.abc import Callable
 from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lorarl.config.algorithms import CustomAdvantage, CustomLoss
 from lorarl.config.loader import json_object
@@ -50,13 +50,15 @@ from lorarl.launcher.memory_plan import (
 )
 from lorarl.launcher.placement import Placement, place, visible_gpus
 from lorarl.launcher.ray_bundles import plan_bundles, ray_placement
-from lorarl.orchestrator import envs
-from lorarl.orchestrator.advantages import import_estimator
-from lorarl.orchestrator.envs import check_environment
 from lorarl.plugins import ArgsError, PluginError
-from lorarl.trainer.losses import policy_term
-from lorarl.trainer.model import check_init_adapter, check_lora_for_rl
 from lorarl.variants import variant_configs
+
+if TYPE_CHECKING:
+    from lorarl.orchestrator.envs import Environment
+
+# The checks that need torch, PEFT or transformers (the adapter's targets, environments, user losses)
+# import the modules that hold them when they run: loading those libraries takes ~10 s of a 2-core
+# machine, which a config refused at its first key (most bad input) should not wait for.
 
 _HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 _RAY_ADDRESS = re.compile(r"^(auto|(ray://)?[\w.-]+:\d+)$")
@@ -131,6 +133,8 @@ def check_adapter_slots(cfg: RLConfig) -> None:
 def check_adapter(cfg: RLConfig) -> None:
     """What one adapter of `rl` needs: a LoRA that vLLM can serve (unless model.full_finetune), its
     environments, its user functions."""
+    from lorarl.trainer.model import check_lora_for_rl
+
     try:
         if not cfg.model.full_finetune:
             check_lora_for_rl(cfg.lora)
@@ -243,6 +247,8 @@ def check_serve(cfg: ServeConfig, mode: RunMode) -> Placement:
 def check_sft(cfg: SFTConfig, mode: RunMode) -> None:
     check_model(cfg.model.name)
     check_seq_len(cfg.model.name, cfg.seq_len)
+    from lorarl.trainer.model import check_init_adapter
+
     try:
         if cfg.model.lora is not None:
             check_init_adapter(cfg.model.lora)
@@ -514,9 +520,11 @@ def check_prompts(cfg: RLConfig, user_code: bool) -> None:
             )
 
 
-def _built_environment(i: int, env_id: str, args: dict[str, Any], user_code: bool) -> envs.Environment | None:
+def _built_environment(i: int, env_id: str, args: dict[str, Any], user_code: bool) -> Environment | None:
     """The environment `env_id` with `args` (the i-th), or None where building it would start a
     library's tools (verifiers) or, without `user_code`, run a user's code."""
+    from lorarl.orchestrator import envs
+
     prefix = env_id.partition(":")[0]
     if prefix in envs.BRIDGES and prefix != "reasoning_gym":
         return None
@@ -555,6 +563,8 @@ def check_environments(cfg: RLConfig) -> None:
     there by `rl`) will."""
     if not cfg.orchestrator.env:
         raise PreflightError("[[orchestrator.env]]: no environment given")
+    from lorarl.orchestrator.envs import check_environment
+
     _working_directory_importable()
     for i, env in enumerate(cfg.orchestrator.env):
         try:
@@ -570,6 +580,9 @@ def check_algorithms(cfg: RLConfig) -> None:
     takes its `args`, so that a typo stops `rl` now rather than the trainer or orchestrator later, and no
     undeclared function is ever called. Looked up from the working directory, as they (started there by
     `rl`) will."""
+    from lorarl.orchestrator.advantages import import_estimator
+    from lorarl.trainer.losses import policy_term
+
     loss, advantage = cfg.trainer.loss, cfg.orchestrator.advantage
     checks = [
         ("trainer.loss", lambda: policy_term(loss)) if isinstance(loss, CustomLoss) else None,
