@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import random
+import shlex
 import shutil
 import socket
 import subprocess
@@ -56,16 +57,23 @@ def free_port(consecutive: int = 1) -> int:
 
 
 @contextlib.contextmanager
-def serve_vllm(tiny_model: Path, log: Path, *vllm_args: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+def serve_vllm(
+    tiny_model: Path, log: Path, *vllm_args: str, by_hand: tuple[str, ...] = ()
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """A vLLM server of `tiny_model` (its url and process, the leader of its own process group),
     started with lorarl's own `lorarl-inference` entry point, so it runs exactly the command `rl` would;
     its output goes to `log`. Room for adapters of several runs (max_async_level 2). `vllm_args`:
-    more flags for vLLM (inference.extra_args)."""
+    more flags for vLLM (inference.extra_args). `by_hand`: flags that lorarl refuses there (its own,
+    such as --served-model-name): the server is then the command `lorarl-inference --dry-run` prints,
+    with them added, as a user who starts vLLM by hand for `inference.urls` might."""
     port = free_port()
     cmd = [sys.executable, "-m", "lorarl.cli.inference", "--model.name", str(tiny_model),
            "--seq_len", "2048", "--inference.port", str(port), "--orchestrator.max_async_level", "2",
            "--inference.api_key", API_KEY,
            *(["--inference.extra_args", json.dumps(vllm_args)] if vllm_args else [])]  # fmt: skip
+    if by_hand:
+        printed = subprocess.run([*cmd, "--dry-run"], capture_output=True, text=True, check=True).stdout.strip()
+        cmd = ["bash", "-c", f"{printed} {shlex.join(by_hand)}"]
     with open(log, "wb") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"

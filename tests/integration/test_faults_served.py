@@ -43,7 +43,8 @@ def other_base_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
 
     folder = tmp_path_factory.mktemp("other-base")
     other = save_tiny_model(folder / "tiny-qwen3-seed1", seed=1)
-    with serve_vllm(other, folder / "inference.log", "--served-model-name", str(tiny_model)) as (url, _):
+    # By hand: lorarl refuses --served-model-name in inference.extra_args, as it sets the name itself.
+    with serve_vllm(other, folder / "inference.log", by_hand=("--served-model-name", str(tiny_model))) as (url, _):
         yield url
 
 
