@@ -114,6 +114,7 @@ def inference_args(*args: str) -> Callable[[Workspace], list[str]]:
 
 NOT_A_VLLM = "is not a vLLM server"
 POSITIVE, FINITE = "Input should be greater than 0", "Input should be a finite number"
+A_SECOND = "Input should be greater than or equal to 1"  # a wait's floor (config.common.MIN_WAIT)
 CASES: list[Case] = [
     # inference.urls: something else answers there, or nothing does.
     ("rl", rl_urls("files"), "/health answered HTTP 404: not a usable vLLM server"),
@@ -136,9 +137,9 @@ CASES: list[Case] = [
     ("lorarl-orchestrator", alone(server="files"), "/health answered HTTP 404"),
     ("lorarl-orchestrator", alone(server="other"), "other-model, not model.name"),
     ("lorarl-orchestrator", alone(server="models_other_vendor"), f"{NOT_A_VLLM} (its /v1/models answers"),
-    ("lorarl-orchestrator", alone("--inference.request_timeout", "-30"), f"inference.request_timeout: {POSITIVE}"),
+    ("lorarl-orchestrator", alone("--inference.request_timeout", "-30"), f"inference.request_timeout: {A_SECOND}"),
     # Request timeouts and the slowest generation expected of a worker.
-    ("rl", rl_args("--inference.request_timeout", "0"), f"inference.request_timeout: {POSITIVE}"),
+    ("rl", rl_args("--inference.request_timeout", "0"), f"inference.request_timeout: {A_SECOND}"),
     ("rl", rl_args("--inference.request_timeout", "inf"), f"inference.request_timeout: {FINITE}"),
     ("rl", rl_args("--inference.min_tokens_per_s", "0"), f"inference.min_tokens_per_s: {POSITIVE}"),
     ("rl", rl_args("--inference.min_tokens_per_s", "nan"), f"inference.min_tokens_per_s: {FINITE}"),
@@ -147,8 +148,8 @@ CASES: list[Case] = [
         inference_args("--inference.min_tokens_per_s", "fast"),
         "min_tokens_per_s: Input should be a valid",
     ),
-    ("rl", rl_args("--inference.unavailable_timeout", "0"), f"inference.unavailable_timeout: {POSITIVE}"),
-    ("lorarl-inference", inference_args("--inference.startup_timeout", "-1"), f"inference.startup_timeout: {POSITIVE}"),
+    ("rl", rl_args("--inference.unavailable_timeout", "0"), f"inference.unavailable_timeout: {A_SECOND}"),
+    ("lorarl-inference", inference_args("--inference.startup_timeout", "-1"), f"inference.startup_timeout: {A_SECOND}"),
     ("rl", rl_args("--inference.max_restarts", "-1"), "inference.max_restarts: Input should be greater than or"),
     # Worker settings of `lorarl-inference`.
     (
