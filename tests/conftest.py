@@ -4,6 +4,7 @@ lanes' marks (`vllm` from the fixtures a test asks for; `gpu` deselected where n
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import random
@@ -106,6 +107,7 @@ def vllm_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> I
 _VLLM_FIXTURES = {"vllm_server", "server"}
 
 
+@functools.cache  # asked by the report header and by collection: nvidia-smi runs once
 def gpu_visible() -> bool:
     """What scripts/setup.sh asks to install the GPU build: nvidia-smi lists a GPU."""
     smi = shutil.which("nvidia-smi")
