@@ -3,13 +3,22 @@
 # then integration tests that start real vLLM servers. Extra arguments go to pytest alone (e.g.
 # `bash scripts/test.sh tests/unit -x`). `--fast`: the lane a change needs, in under 2 minutes: the tests
 # marked neither integration, slow, vllm nor gpu (pyproject's markers), without lint or the docs.
+#
+# The fast lane runs on one pytest-xdist worker per core, one torch thread each: its tests are small
+# (a tiny model, a config, a CLI refusal), so two workers of one thread did the lane of a 2-core machine
+# in 2:01 where one worker of two threads took 3:12, and two workers of two threads 5:16 (the threads
+# fight). The other lanes start vLLM, torchrun and rl, which place their own threads on every core:
+# they run one at a time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export HF_HUB_OFFLINE=1 WANDB_MODE=disabled RAY_AUTH_MODE=disabled TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+FAST="not integration and not slow and not vllm and not gpu"
+fast_lane() { OMP_NUM_THREADS=1 .venv/bin/python -m pytest tests -n auto -m "$FAST" --durations=10 "$@"; }
 if [[ "${1:-}" == "--fast" ]]; then
     shift
-    exec .venv/bin/python -m pytest tests -q -m "not integration and not slow and not vllm and not gpu" --durations=10 "$@"
+    fast_lane -q "$@"
+    exit
 fi
 if [[ $# -gt 0 ]]; then
     exec .venv/bin/python -m pytest "$@"
@@ -22,4 +31,9 @@ fi
 site=$(mktemp -d)
 NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir "$site"
 rm -rf "$site"
-exec .venv/bin/python -m pytest tests -v --durations=15
+# The fast lane first (a broken change shows in two minutes), then the others; both run whatever the
+# first found, and the exit status is a failure if either failed.
+status=0
+fast_lane -v || status=$?
+.venv/bin/python -m pytest tests -v -m "not ($FAST)" --durations=25 || status=$?
+exit $status
