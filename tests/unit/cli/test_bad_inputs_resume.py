@@ -106,6 +106,9 @@ CASES: list[Case] = [
     ),
     ("rl", resume("rl-sweep", "--variants", '[{"name": "b"}, {"name": "a"}]'), "variants.0.name: 'a' -> 'b'"),
     ("rl", resume("rl-sweep", "--variants", '[{"name": "a"}]'), "variants.1.name: 'b' -> (none)"),
+    # A variant renamed: named as such, not as a missing checkpoint (it has none under its new name).
+    ("rl", resume("rl-sweep", "--variants", '[{"name": "a"}, {"name": "c"}]'), "variants.1.name: 'b' -> 'c'"),
+    ("rl", resume("rl-sweep", "--variants", '[{"name": "x"}, {"name": "y"}]'), "variants.0.name: 'a' -> 'x'"),
     (
         "rl",
         resume("rl-sweep", "--variants", '[{"name": "a", "model": {"lora": {"rank": 16}}}, {"name": "b"}]'),
