@@ -34,6 +34,8 @@ from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, CliSettingsSource
 from pydantic_settings.exceptions import SettingsError
 
+from lorarl.config.common import WRONG_KIND
+
 T = TypeVar("T", bound=BaseModel)
 M = TypeVar("M", bound=BaseModel)
 Loc = tuple[int | str, ...]
@@ -344,8 +346,16 @@ def _describe(error: ValidationError, merged: dict[str, Any], layers: Layers, cl
         elif not key:  # a check across keys: its message names them
             lines.append(msg)
         else:
-            lines.append(f"{key}: {msg} (from {_origin(err['loc'], merged, layers)})")
+            lines.append(f"{key}: {msg} (from {_origin(_value_loc(err), merged, layers)})")
     return "\n".join(lines)
+
+
+def _value_loc(err: ErrorDetails) -> Loc:
+    """Where the value at fault is: a section's check of its values' kinds (config/common.py) is reported
+    at the section, which every layer may set keys of, and names its key, which one layer set."""
+    if err["type"] == WRONG_KIND and "ctx" in err:
+        return (*err["loc"], err["ctx"]["key"])
+    return err["loc"]
 
 
 def key_and_message(cls: Any, err: ErrorDetails) -> tuple[str, str]:
