@@ -196,7 +196,7 @@ def _take_escaped_json(cls: type[BaseModel], flags: list[str]) -> tuple[list[str
     values = _flag_values(flags)
     for i, name, value in values:
         path = name.split(".")
-        if "\\" not in value or not value.lstrip().startswith(("[", "{")) or not _is_field(cls, path):
+        if "\\" not in value or not value.lstrip().startswith(("[", "{")) or _field(cls, path) is None:
             continue
         try:
             parsed = json.loads(value)
@@ -210,19 +210,6 @@ def _take_escaped_json(cls: type[BaseModel], flags: list[str]) -> tuple[list[str
         flags[i] = f"--{name}={empty}" if flags[i].startswith("--") else empty
         taken.append((path, parsed))
     return flags, taken
-
-
-def _is_field(cls: type[BaseModel], path: list[str]) -> bool:
-    """Whether the dotted key `path` names a field of `cls` (through its sections)."""
-    annotation: Any = cls
-    for part in path:
-        if (
-            not (isinstance(annotation, type) and issubclass(annotation, BaseModel))
-            or part not in annotation.model_fields
-        ):
-            return False
-        annotation = annotation.model_fields[part].annotation
-    return True
 
 
 def _put(data: dict[str, Any], path: list[str], value: Any) -> None:
@@ -370,27 +357,53 @@ def key_and_message(cls: Any, err: ErrorDetails) -> tuple[str, str]:
 def user_key(cls: Any, loc: Loc) -> tuple[Loc, str | None]:
     """`loc` as the user writes the key, without the tag pydantic adds where a section is chosen by
     `type` (config/algorithms.py: trainer.loss.ppo.nrom is the user's trainer.loss.nrom), and that tag."""
+    keys, tag, _ = _walk_fields(cls, loc)
+    return keys, tag
+
+
+def _field(cls: type[BaseModel], path: list[str]) -> Any:
+    """The annotation of the field that the dotted key `path` (as the user writes it) names in `cls`,
+    through its sections, optional ones and those chosen by `type` included; None if it names none."""
+    return _walk_fields(cls, tuple(path))[2]
+
+
+def _walk_fields(cls: Any, loc: Loc) -> tuple[Loc, str | None, Any]:
+    """`loc` without pydantic's tags (`user_key`), the last tag, and the annotation of the field it names
+    (None where it names none). One walk for the locations of validation errors, which hold a tag where a
+    section is chosen by `type`, and for the keys of flags, which as the user writes them do not."""
     out: list[int | str] = []
     annotation: Any = cls
     tag = None
     for part in loc:
-        if _is_union_of_sections(annotation):
-            annotation = next((t for t in typing.get_args(annotation) if _tag(t) == part), None)
-            tag = str(part)
+        chosen = next((t for t in _members(annotation) if _tag(t) == part), None)
+        if chosen is not None and _is_union_of_sections(annotation):
+            annotation, tag = chosen, str(part)
             continue
         out.append(part)
-        if typing.get_origin(annotation) is list and isinstance(part, int):
-            annotation = typing.get_args(annotation)[0]
-        elif isinstance(annotation, type) and issubclass(annotation, BaseModel) and part in annotation.model_fields:
-            annotation = annotation.model_fields[str(part)].annotation
-        else:
-            annotation = None
-    return tuple(out), tag
+        annotation = _below(annotation, part)
+    return tuple(out), tag, annotation
+
+
+def _below(annotation: Any, part: int | str) -> Any:
+    """The annotation of `part` in a value of `annotation`: an item of a list, or a field of a section
+    (of the first member of a union that has it, such as `LoraConfig | None`); None if there is none."""
+    if isinstance(part, int):
+        return typing.get_args(annotation)[0] if typing.get_origin(annotation) is list else None
+    sections = (t for t in _members(annotation) if isinstance(t, type) and issubclass(t, BaseModel))
+    section = next((t for t in sections if part in t.model_fields), None)
+    return section.model_fields[part].annotation if section is not None else None
+
+
+def _members(annotation: Any) -> tuple[Any, ...]:
+    """The members of a union, or `annotation` alone."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return typing.get_args(annotation)
+    return (annotation,)
 
 
 def _is_union_of_sections(annotation: Any) -> bool:
-    members = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else ()
-    return bool(members) and all(_tag(t) is not None for t in members)
+    members = _members(annotation)
+    return len(members) > 1 and all(_tag(t) is not None for t in members)
 
 
 def _tag(section: Any) -> str | None:
