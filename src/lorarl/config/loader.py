@@ -11,7 +11,8 @@
   - lists: JSON (`--inference.urls '["http://a","http://b"]'`), comma-separated (`--inference.urls a,b`)
     or repeated (`--inference.urls a --inference.urls b`). A value that starts with `-` needs `=`:
     `--inference.extra_args=--enforce-eager`. Lists of sections take JSON:
-    `--orchestrator.env '[{"id": "x"}]'`.
+    `--orchestrator.env '[{"id": "x"}]'`. A key that takes a string or a list (model.lora.target_modules)
+    keeps a value that starts with `[` and is no list as the string typed: the regex `'[qk]_proj'`.
 * `--help` prints every flag with its description (the field's docstring) and default, and exits 0.
 
 Environment variables are never read. Any problem raises `ConfigError`, whose message names the key and
@@ -151,7 +152,7 @@ def _parse_flags(cls: type[BaseModel], flags: list[str]) -> dict[str, Any]:
     class Settings(BaseSettings, cls):  # type: ignore[misc, valid-type]
         __doc__ = _HELP
 
-    flags, escaped = _take_escaped_json(cls, flags)
+    flags, taken = _take_values(cls, flags)
     try:
         source = CliSettingsSource[Any](
             Settings,
@@ -167,7 +168,7 @@ def _parse_flags(cls: type[BaseModel], flags: list[str]) -> dict[str, Any]:
         if bad := _invalid_json(flags):
             raise ConfigError(bad) from None
         raise ConfigError(f"{_COMMAND_LINE}: {str(e).removeprefix('error parsing CLI: ')}") from None
-    for path, value in escaped:
+    for path, value in taken:
         _put(parsed, path, value)
     return parsed
 
@@ -186,30 +187,53 @@ def _flag_values(flags: list[str]) -> list[tuple[int, str, str]]:
     return found
 
 
-def _take_escaped_json(cls: type[BaseModel], flags: list[str]) -> tuple[list[str], list[tuple[list[str], Any]]]:
-    """`flags` with each JSON list or object value that holds a backslash replaced by an empty one of its
-    kind, and those values parsed here, by key path. pydantic-settings doubles every backslash of a list
-    value before decoding it: an escaped quote (`["a\\"b"]`) became "error parsing value for field", and
-    an escaped backslash two backslashes, silently. The flag stays for pydantic-settings to check its key."""
+def _take_values(cls: type[BaseModel], flags: list[str]) -> tuple[list[str], list[tuple[list[str], Any]]]:
+    """`flags` with each value that pydantic-settings would misread (`_read_here`) replaced by an empty
+    value of its kind, and those values read here, by key path. The flag stays for pydantic-settings to
+    check its key."""
     flags = list(flags)
     taken = []
     values = _flag_values(flags)
     for i, name, value in values:
         path = name.split(".")
-        if "\\" not in value or not value.lstrip().startswith(("[", "{")) or _field(cls, path) is None:
+        if (read := _read_here(value, _field(cls, path))) is None:
             continue
-        try:
-            parsed = json.loads(value)
-        except json.JSONDecodeError:
-            continue  # reported by _invalid_json, if pydantic-settings refuses it
+        kept, what = read
         if sum(n == name for _, n, _ in values) > 1:  # the parts' order would be lost
-            raise ConfigError(
-                f"--{name}: given more than once, once as JSON with a \\ escape: give it once, as one JSON value"
-            )
-        empty = "[]" if isinstance(parsed, list) else "{}"
+            raise ConfigError(f"--{name}: given more than once, once as {what}: give it once, as one value")
+        empty = "{}" if isinstance(kept, dict) else "[]"
         flags[i] = f"--{name}={empty}" if flags[i].startswith("--") else empty
-        taken.append((path, parsed))
+        taken.append((path, kept))
     return flags, taken
+
+
+def _read_here(value: str, annotation: Any) -> tuple[Any, str] | None:
+    """The value a flag of a field of type `annotation` means, and what it is (for a message), where
+    pydantic-settings would misread it; None elsewhere (or for no field: pydantic-settings names it).
+    * A JSON list or object with a backslash: pydantic-settings doubles every backslash of a list value
+      before decoding it, so an escaped quote (`["a\\"b"]`) became "error parsing value for field", and
+      an escaped backslash two backslashes, silently.
+    * A string that starts with "[" and is neither JSON nor a list `[a, b]`, for a key that takes a
+      string or a list (model.lora.target_modules): pydantic-settings took the regex `[qk]_proj` for a
+      list and turned it into the string '[[qk],"_proj"]'. It is the string the user typed."""
+    if annotation is None or not value.lstrip().startswith(("[", "{")):
+        return None
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError:
+        members = _members(annotation)
+        takes_lists = any(typing.get_origin(t) is list for t in members)
+        if str in members and takes_lists and value.startswith("[") and not _plain_list(value):
+            return value, "a string that starts with '['"
+        return None  # reported by _invalid_json, if pydantic-settings refuses it
+    return (parsed, "JSON with a \\ escape") if "\\" in value else None
+
+
+def _plain_list(value: str) -> bool:
+    """Whether `value` is a list as pydantic-settings reads one without quotes, `[a, b]`: brackets at both
+    ends and none inside."""
+    inside = value.strip()
+    return inside.endswith("]") and not any(c in inside[1:-1] for c in "[]")
 
 
 def _put(data: dict[str, Any], path: list[str], value: Any) -> None:
