@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         placement = check_rl(cfg, mode)
         resume = cfg.resume
-        # Found once the folder passed its own checks (a planted link, a renamed variant name themselves).
+        # Looked for once the folder passed its own checks: a planted link or a renamed variant is named so.
         checkpoint = None if resume is None else lambda: run.resume_step(resume.step, [v.name for v in cfg.variants])
         config = cfg.model_dump(mode="json")
         done = run.prepare("rl", config, resume is not None, mode.overwrite, mode.dry_run, before_writing=checkpoint)

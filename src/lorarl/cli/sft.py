@@ -60,8 +60,8 @@ def prepare(cfg: SFTConfig, mode: RunMode) -> None:
     try:
         check_sft(cfg, mode)
         resume = cfg.resume
-        # Found once the folder passed its own checks (a planted link names itself), said by the trainer
-        # (in this process) as it resumes.
+        # Looked for once the folder passed its own checks (a planted link is named so); said by the
+        # trainer (in this process) as it resumes.
         checkpoint = None if resume is None else lambda: run.resume_step(resume.step, quiet=True)
         done = run.prepare(
             "sft", cfg.model_dump(mode="json"), resume is not None, mode.overwrite, mode.dry_run, checkpoint

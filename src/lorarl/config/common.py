@@ -75,7 +75,9 @@ class Section(BaseModel):
             for key, value in data.items():
                 field = cls.model_fields.get(key) if isinstance(key, str) else None
                 if field is not None and (problem := _wrong_kind(key, value, field.annotation)):
-                    raise PydanticCustomError(WRONG_KIND, problem, {"key": key})
+                    # The message as a value of the context, whose entries fill in the template in
+                    # order: braces the user typed ("{key}") stay as typed.
+                    raise PydanticCustomError(WRONG_KIND, "{problem}", {"key": key, "problem": problem})
         return data
 
 

@@ -148,6 +148,7 @@ def test_bad_type_names_key_and_source(tmp_path: Path) -> None:
         ('[trainer]\npacking = "false"\n', 'trainer: packing = "false": packing takes true or false, not a string'),
         ('[inference]\ntime_share = "no"\n', 'inference: time_share = "no": time_share takes true or false'),
         ("[orchestrator.sampling]\ntop_k = true\n", "orchestrator.sampling: top_k = true: top_k takes a number"),
+        ('[trainer]\npacking = "{key} {x"\n', 'trainer: packing = "{key} {x": packing takes true or false'),
     ],
 )
 def test_a_value_of_another_kind_names_its_key_and_the_one_file_that_set_it(
