@@ -354,10 +354,11 @@ def _describe(error: ValidationError, merged: dict[str, Any], layers: Layers, cl
         key, msg = key_and_message(cls, err)
         if err["type"] == "missing":
             lines.append(f"{key}: required, set it in a config file or with --{key}")
-        elif not key:  # a check across keys: its message names them
+        elif not key and err["type"] != WRONG_KIND:  # a check across keys: its message names them
             lines.append(msg)
-        else:
-            lines.append(f"{key}: {msg} (from {_origin(_value_loc(err), merged, layers)})")
+        else:  # a top-level key's kind (sft's packing): its message names it
+            section = f"{key}: " if key else ""
+            lines.append(f"{section}{msg} (from {_origin(_value_loc(err), merged, layers)})")
     return "\n".join(lines)
 
 

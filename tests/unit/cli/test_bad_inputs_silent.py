@@ -88,7 +88,11 @@ CASES: list[Case] = [
     ("rl", rl_args("@", "{w.root}/inputs/rslora-string.json"), 'model.lora: use_rslora = "yes": use_rslora takes'),
     ("rl", rl_args("--trainer", '{"packing": "no"}'), 'packing = "no": packing takes true or false, not a string'),
     ("rl", rl_args("--variants", '[{"name": "a", "model": {"lora": {"use_rslora": "1"}}}]'), 'use_rslora = "1"'),
-    ("sft", sft_args("@", "{w.root}/inputs/sft-packing-string.toml"), 'packing = "0": packing takes true or false'),
+    (
+        "sft",
+        sft_args("@", "{w.root}/inputs/sft-packing-string.toml"),
+        'packing = "0": packing takes true or false, not a string: write it without quotes (from /',
+    ),
     # Strings where a template takes a switch: any string is true there.
     ("rl", rl_args("--orchestrator.chat_template_kwargs", '{"enable_thinking": "no"}'), "enable_thinking = 'no'"),
     ("rl", rl_args("--orchestrator.chat_template_kwargs", '{"thinking": "off"}'), "thinking = 'off' is a string"),
