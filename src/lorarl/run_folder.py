@@ -225,14 +225,25 @@ class RunFolder:
             d.mkdir(parents=True, exist_ok=True)
         return self
 
-    def prepare(self, kind: str, config: dict[str, Any], resume: bool, overwrite: bool, dry_run: bool = False) -> str:
+    def prepare(
+        self,
+        kind: str,
+        config: dict[str, Any],
+        resume: bool,
+        overwrite: bool,
+        dry_run: bool = False,
+        before_writing: Callable[[], object] | None = None,
+    ) -> str:
         """Make the folder ready for a run of `kind` ("rl", "sft" or "serve"); call it once every other check
         has passed. A new or empty folder gets the marker. A folder that holds a previous run is
         reused only when asked: `resume` keeps its checkpoints and metrics (its logs move to
         logs/previous-<time>/), `overwrite` clears everything lorarl wrote there. A `dry_run` makes
         the same checks and deletes nothing: it marks a new folder as a dry run's, which the next run
-        reuses freely. Returns what was done, for the log; raises RunFolderError, having touched
-        nothing, when the folder cannot be used as asked."""
+        reuses freely. `before_writing` is the caller's last check, made once the folder has passed its
+        own (links, marker, the run's identity) and before anything is written: the checkpoint a resume
+        continues from (`resume_step`), so that a planted link or a renamed variant is named as such,
+        not as a missing checkpoint. Returns what was done, for the log; raises RunFolderError, having
+        touched nothing, when the folder cannot be used as asked."""
         if resume and overwrite:
             raise RunFolderError("--resume continues a run and --overwrite starts it over: give one of them")
         if self.is_alive():
@@ -264,6 +275,8 @@ class RunFolder:
         if resume and previous is not None:
             changes = self._resume_changes(previous, identity)
         said = f"; changed since the run started: {'; '.join(changes)}" if changes else ""
+        if before_writing is not None:
+            before_writing()
         if dry_run:
             if marker is None:
                 self._make_root()

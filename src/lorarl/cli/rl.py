@@ -26,9 +26,11 @@ def main(argv: list[str] | None = None) -> None:
     run = RunFolder(cfg.run_dir)
     try:
         placement = check_rl(cfg, mode)
-        if cfg.resume is not None:
-            run.resume_step(cfg.resume.step, [v.name for v in cfg.variants])
-        done = run.prepare("rl", cfg.model_dump(mode="json"), cfg.resume is not None, mode.overwrite, mode.dry_run)
+        resume = cfg.resume
+        # Looked for once the folder passed its own checks: a planted link or a renamed variant is named so.
+        checkpoint = None if resume is None else lambda: run.resume_step(resume.step, [v.name for v in cfg.variants])
+        config = cfg.model_dump(mode="json")
+        done = run.prepare("rl", config, resume is not None, mode.overwrite, mode.dry_run, before_writing=checkpoint)
     except (PreflightError, RunFolderError) as e:
         exit_with(e, BAD_INPUT)
     log.info(done)

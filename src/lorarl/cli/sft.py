@@ -59,10 +59,14 @@ def prepare(cfg: SFTConfig, mode: RunMode) -> None:
     run = RunFolder(cfg.run_dir)
     try:
         check_sft(cfg, mode)
-        if cfg.resume is not None:  # found now, said by the trainer (in this process) as it resumes
-            run.resume_step(cfg.resume.step, quiet=True)
-        resume = cfg.resume is not None
-        log.info(run.prepare("sft", cfg.model_dump(mode="json"), resume, mode.overwrite, dry_run=mode.dry_run))
+        resume = cfg.resume
+        # Looked for once the folder passed its own checks (a planted link is named so); said by the
+        # trainer (in this process) as it resumes.
+        checkpoint = None if resume is None else lambda: run.resume_step(resume.step, quiet=True)
+        done = run.prepare(
+            "sft", cfg.model_dump(mode="json"), resume is not None, mode.overwrite, mode.dry_run, checkpoint
+        )
+        log.info(done)
         if not mode.dry_run:
             run.hold_lock()
     except (PreflightError, RunFolderError, ValueError) as e:  # DataError is a ValueError

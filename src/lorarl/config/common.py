@@ -9,6 +9,7 @@ shows it, and scripts/config_reference.py renders the config reference (docs/con
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import types
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Annotated, Any, Union, get_args, get_origin
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
 
 # vLLM's --max-lora-rank accepts only these values (docs/vllm.md).
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -64,20 +66,40 @@ class Section(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _no_true_for_a_number(cls, data: Any) -> Any:
-        # pydantic takes TOML's `true` for 1 where a number is meant (`top_k = true` became greedy).
+    def _values_of_their_kind(cls, data: Any) -> Any:
+        # pydantic's lax mode converts between kinds: TOML's `true` became 1 where a number is meant
+        # (`top_k = true` sampled greedily), and a string ("false", "no", "0") a bool where true or false
+        # is meant (`packing = "false"` in TOML or JSON). The command line gives real bools
+        # (`--trainer.packing`, `--no-trainer.packing`), so no spelling of the user's is refused here.
         if isinstance(data, dict):
             for key, value in data.items():
                 field = cls.model_fields.get(key) if isinstance(key, str) else None
-                if isinstance(value, bool) and field is not None and _numbers_only(field.annotation):
-                    raise ValueError(f"{key} = {str(value).lower()}: {key} takes a number, not true or false")
+                if field is not None and (problem := _wrong_kind(key, value, field.annotation)):
+                    # The message as a value of the context, whose entries fill in the template in
+                    # order: braces the user typed ("{key}") stay as typed.
+                    raise PydanticCustomError(WRONG_KIND, "{problem}", {"key": key, "problem": problem})
         return data
 
 
-def _numbers_only(annotation: Any) -> bool:
-    """Whether `annotation` is int or float, or a union of them and None."""
-    kinds = get_args(annotation) if get_origin(annotation) in (Union, types.UnionType) else (annotation,)
-    return any(k in (int, float) for k in kinds) and all(k in (int, float, type(None)) for k in kinds)
+# The error type of `Section._values_of_their_kind`; its context's "key" is the field at fault, which the
+# loader adds to the section's location to name the key and the one file that set it.
+WRONG_KIND = "wrong_kind"
+
+
+def _wrong_kind(key: str, value: Any, annotation: Any) -> str | None:
+    """Why `value` is not of the kind field `key` (of type `annotation`) takes, where pydantic would convert
+    it: a bool for a number, a string for a bool; None otherwise."""
+    if isinstance(value, bool) and _only(annotation, (int, float)):
+        return f"{key} = {str(value).lower()}: {key} takes a number, not true or false"
+    if isinstance(value, str) and _only(annotation, (bool,)):
+        return f"{key} = {json.dumps(value)}: {key} takes true or false, not a string: write it without quotes"
+    return None
+
+
+def _only(annotation: Any, kinds: tuple[type, ...]) -> bool:
+    """Whether `annotation` is one of `kinds`, or a union of them and None."""
+    members = get_args(annotation) if get_origin(annotation) in (Union, types.UnionType) else (annotation,)
+    return any(k in kinds for k in members) and all(k in (*kinds, type(None)) for k in members)
 
 
 # "package.module:function": how a config names a user's function (an environment factory, a loss, an

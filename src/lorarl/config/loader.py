@@ -11,7 +11,8 @@
   - lists: JSON (`--inference.urls '["http://a","http://b"]'`), comma-separated (`--inference.urls a,b`)
     or repeated (`--inference.urls a --inference.urls b`). A value that starts with `-` needs `=`:
     `--inference.extra_args=--enforce-eager`. Lists of sections take JSON:
-    `--orchestrator.env '[{"id": "x"}]'`.
+    `--orchestrator.env '[{"id": "x"}]'`. A key that takes a string or a list (model.lora.target_modules)
+    keeps a value that starts with `[` and is no list as the string typed: the regex `'[qk]_proj'`.
 * `--help` prints every flag with its description (the field's docstring) and default, and exits 0.
 
 Environment variables are never read. Any problem raises `ConfigError`, whose message names the key and
@@ -33,6 +34,8 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, CliSettingsSource
 from pydantic_settings.exceptions import SettingsError
+
+from lorarl.config.common import WRONG_KIND
 
 T = TypeVar("T", bound=BaseModel)
 M = TypeVar("M", bound=BaseModel)
@@ -149,7 +152,7 @@ def _parse_flags(cls: type[BaseModel], flags: list[str]) -> dict[str, Any]:
     class Settings(BaseSettings, cls):  # type: ignore[misc, valid-type]
         __doc__ = _HELP
 
-    flags, escaped = _take_escaped_json(cls, flags)
+    flags, taken = _take_values(cls, flags)
     try:
         source = CliSettingsSource[Any](
             Settings,
@@ -165,7 +168,7 @@ def _parse_flags(cls: type[BaseModel], flags: list[str]) -> dict[str, Any]:
         if bad := _invalid_json(flags):
             raise ConfigError(bad) from None
         raise ConfigError(f"{_COMMAND_LINE}: {str(e).removeprefix('error parsing CLI: ')}") from None
-    for path, value in escaped:
+    for path, value in taken:
         _put(parsed, path, value)
     return parsed
 
@@ -184,43 +187,53 @@ def _flag_values(flags: list[str]) -> list[tuple[int, str, str]]:
     return found
 
 
-def _take_escaped_json(cls: type[BaseModel], flags: list[str]) -> tuple[list[str], list[tuple[list[str], Any]]]:
-    """`flags` with each JSON list or object value that holds a backslash replaced by an empty one of its
-    kind, and those values parsed here, by key path. pydantic-settings doubles every backslash of a list
-    value before decoding it: an escaped quote (`["a\\"b"]`) became "error parsing value for field", and
-    an escaped backslash two backslashes, silently. The flag stays for pydantic-settings to check its key."""
+def _take_values(cls: type[BaseModel], flags: list[str]) -> tuple[list[str], list[tuple[list[str], Any]]]:
+    """`flags` with each value that pydantic-settings would misread (`_read_here`) replaced by an empty
+    value of its kind, and those values read here, by key path. The flag stays for pydantic-settings to
+    check its key."""
     flags = list(flags)
     taken = []
     values = _flag_values(flags)
     for i, name, value in values:
         path = name.split(".")
-        if "\\" not in value or not value.lstrip().startswith(("[", "{")) or not _is_field(cls, path):
+        if (read := _read_here(value, _field(cls, path))) is None:
             continue
-        try:
-            parsed = json.loads(value)
-        except json.JSONDecodeError:
-            continue  # reported by _invalid_json, if pydantic-settings refuses it
+        kept, what = read
         if sum(n == name for _, n, _ in values) > 1:  # the parts' order would be lost
-            raise ConfigError(
-                f"--{name}: given more than once, once as JSON with a \\ escape: give it once, as one JSON value"
-            )
-        empty = "[]" if isinstance(parsed, list) else "{}"
+            raise ConfigError(f"--{name}: given more than once, once as {what}: give it once, as one value")
+        empty = "{}" if isinstance(kept, dict) else "[]"
         flags[i] = f"--{name}={empty}" if flags[i].startswith("--") else empty
-        taken.append((path, parsed))
+        taken.append((path, kept))
     return flags, taken
 
 
-def _is_field(cls: type[BaseModel], path: list[str]) -> bool:
-    """Whether the dotted key `path` names a field of `cls` (through its sections)."""
-    annotation: Any = cls
-    for part in path:
-        if (
-            not (isinstance(annotation, type) and issubclass(annotation, BaseModel))
-            or part not in annotation.model_fields
-        ):
-            return False
-        annotation = annotation.model_fields[part].annotation
-    return True
+def _read_here(value: str, annotation: Any) -> tuple[Any, str] | None:
+    """The value a flag of a field of type `annotation` means, and what it is (for a message), where
+    pydantic-settings would misread it; None elsewhere (or for no field: pydantic-settings names it).
+    * A JSON list or object with a backslash: pydantic-settings doubles every backslash of a list value
+      before decoding it, so an escaped quote (`["a\\"b"]`) became "error parsing value for field", and
+      an escaped backslash two backslashes, silently.
+    * A string that starts with "[" and is neither JSON nor a list `[a, b]`, for a key that takes a
+      string or a list (model.lora.target_modules): pydantic-settings took the regex `[qk]_proj` for a
+      list and turned it into the string '[[qk],"_proj"]'. It is the string the user typed."""
+    if annotation is None or not value.lstrip().startswith(("[", "{")):
+        return None
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError:
+        members = _members(annotation)
+        takes_lists = any(typing.get_origin(t) is list for t in members)
+        if str in members and takes_lists and value.startswith("[") and not _plain_list(value):
+            return value, "a string that starts with '['"
+        return None  # reported by _invalid_json, if pydantic-settings refuses it
+    return (parsed, "JSON with a \\ escape") if "\\" in value else None
+
+
+def _plain_list(value: str) -> bool:
+    """Whether `value` is a list as pydantic-settings reads one without quotes, `[a, b]`: brackets at both
+    ends and none inside."""
+    inside = value.strip()
+    return inside.endswith("]") and not any(c in inside[1:-1] for c in "[]")
 
 
 def _put(data: dict[str, Any], path: list[str], value: Any) -> None:
@@ -341,11 +354,20 @@ def _describe(error: ValidationError, merged: dict[str, Any], layers: Layers, cl
         key, msg = key_and_message(cls, err)
         if err["type"] == "missing":
             lines.append(f"{key}: required, set it in a config file or with --{key}")
-        elif not key:  # a check across keys: its message names them
+        elif not key and err["type"] != WRONG_KIND:  # a check across keys: its message names them
             lines.append(msg)
-        else:
-            lines.append(f"{key}: {msg} (from {_origin(err['loc'], merged, layers)})")
+        else:  # a top-level key's kind (sft's packing): its message names it
+            section = f"{key}: " if key else ""
+            lines.append(f"{section}{msg} (from {_origin(_value_loc(err), merged, layers)})")
     return "\n".join(lines)
+
+
+def _value_loc(err: ErrorDetails) -> Loc:
+    """Where the value at fault is: a section's check of its values' kinds (config/common.py) is reported
+    at the section, which every layer may set keys of, and names its key, which one layer set."""
+    if err["type"] == WRONG_KIND and "ctx" in err:
+        return (*err["loc"], err["ctx"]["key"])
+    return err["loc"]
 
 
 def key_and_message(cls: Any, err: ErrorDetails) -> tuple[str, str]:
@@ -360,27 +382,53 @@ def key_and_message(cls: Any, err: ErrorDetails) -> tuple[str, str]:
 def user_key(cls: Any, loc: Loc) -> tuple[Loc, str | None]:
     """`loc` as the user writes the key, without the tag pydantic adds where a section is chosen by
     `type` (config/algorithms.py: trainer.loss.ppo.nrom is the user's trainer.loss.nrom), and that tag."""
+    keys, tag, _ = _walk_fields(cls, loc)
+    return keys, tag
+
+
+def _field(cls: type[BaseModel], path: list[str]) -> Any:
+    """The annotation of the field that the dotted key `path` (as the user writes it) names in `cls`,
+    through its sections, optional ones and those chosen by `type` included; None if it names none."""
+    return _walk_fields(cls, tuple(path))[2]
+
+
+def _walk_fields(cls: Any, loc: Loc) -> tuple[Loc, str | None, Any]:
+    """`loc` without pydantic's tags (`user_key`), the last tag, and the annotation of the field it names
+    (None where it names none). One walk for the locations of validation errors, which hold a tag where a
+    section is chosen by `type`, and for the keys of flags, which as the user writes them do not."""
     out: list[int | str] = []
     annotation: Any = cls
     tag = None
     for part in loc:
-        if _is_union_of_sections(annotation):
-            annotation = next((t for t in typing.get_args(annotation) if _tag(t) == part), None)
-            tag = str(part)
+        chosen = next((t for t in _members(annotation) if _tag(t) == part), None)
+        if chosen is not None and _is_union_of_sections(annotation):
+            annotation, tag = chosen, str(part)
             continue
         out.append(part)
-        if typing.get_origin(annotation) is list and isinstance(part, int):
-            annotation = typing.get_args(annotation)[0]
-        elif isinstance(annotation, type) and issubclass(annotation, BaseModel) and part in annotation.model_fields:
-            annotation = annotation.model_fields[str(part)].annotation
-        else:
-            annotation = None
-    return tuple(out), tag
+        annotation = _below(annotation, part)
+    return tuple(out), tag, annotation
+
+
+def _below(annotation: Any, part: int | str) -> Any:
+    """The annotation of `part` in a value of `annotation`: an item of a list, or a field of a section
+    (of the first member of a union that has it, such as `LoraConfig | None`); None if there is none."""
+    if isinstance(part, int):
+        return typing.get_args(annotation)[0] if typing.get_origin(annotation) is list else None
+    sections = (t for t in _members(annotation) if isinstance(t, type) and issubclass(t, BaseModel))
+    section = next((t for t in sections if part in t.model_fields), None)
+    return section.model_fields[part].annotation if section is not None else None
+
+
+def _members(annotation: Any) -> tuple[Any, ...]:
+    """The members of a union, or `annotation` alone."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return typing.get_args(annotation)
+    return (annotation,)
 
 
 def _is_union_of_sections(annotation: Any) -> bool:
-    members = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else ()
-    return bool(members) and all(_tag(t) is not None for t in members)
+    members = _members(annotation)
+    return len(members) > 1 and all(_tag(t) is not None for t in members)
 
 
 def _tag(section: Any) -> str | None:

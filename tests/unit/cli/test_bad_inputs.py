@@ -93,8 +93,9 @@ CASES: list[Case] = [
     ("rl", lambda w: ["--model.name", str(w.model), "--output_dir", "/", "--dry-run"], "output_dir"),
     ("rl", lambda w: ["--model.name", str(w.model), "--output_dir", "", "--dry-run"], "output_dir"),
     ("rl", rl_args(run_name="previous"), "holds a previous rl run"),
-    ("rl", rl_args("--resume", run_name="new"), "--resume: no complete checkpoint"),
-    ("rl", rl_args("--resume.step", "3", run_name="previous"), "--resume.step 3: no complete checkpoint"),
+    # A missing checkpoint of a run that resumes as it started: test_bad_inputs_resume.py (`previous` here
+    # holds a metrics.jsonl lorarl did not write, which a resume names first).
+    ("rl", rl_args("--resume", run_name="new"), "outputs/new holds no run to resume"),
     ("rl", rl_args("--resume", "--overwrite", run_name="previous"), "give one of them"),
     # A sweep ([[variants]]): the variant's key, or the variant, is named.
     ("rl", rl_args("--variants", '[{"name": "a", "model": {"lora": {"rank": 0}}}]'), "variants[0].model.lora.rank"),
@@ -102,11 +103,6 @@ CASES: list[Case] = [
         "rl",
         rl_args("--variants", '[{"name": "a", "orchestrator": {"env": [{"id": "nope"}]}}]'),
         "variant 'a': orchestrator.env[0] id 'nope'",
-    ),
-    (
-        "rl",
-        rl_args("--variants", '[{"name": "a"}]', "--resume", run_name="previous"),
-        "--resume: no complete checkpoint",
     ),
     ("rl", rl_args("--overwrite", run_name="mine"), "was not written by lorarl"),
     (

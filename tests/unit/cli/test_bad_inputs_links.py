@@ -92,6 +92,9 @@ PLANTED = {
     "sft-configs-to-folder": ("sft", "configs", "folder"),
     "sft-metrics-to-file": ("sft", "metrics.jsonl", "file"),
     "sft-lock-to-file": ("sft", ".lock", "file"),
+    # A checkpoint that is a link, named as one by a resume (not taken for a missing checkpoint).
+    "sft-step-to-folder": ("sft", "checkpoints/step_2", "folder"),
+    "half-to-folder": ("rl", "checkpoints/step_2/trainer", "folder"),
 }
 
 
@@ -213,6 +216,11 @@ CASES: list[Case] = [
     ("lorarl-plot", plot_into("runs/final-to-folder/final/figures"), f"final-to-folder/final {IS_LINK}"),
     ("lorarl-merge", merge_into("dangling"), f"dangling {IS_LINK}"),
     ("lorarl-merge", merge_into("relative", "--overwrite"), f"relative {IS_LINK}"),
+    # A resume names a checkpoint (or its half) that is a link, not "no complete checkpoint".
+    ("rl", in_run("step-to-folder", "--resume"), f"checkpoints/step_2 {IS_LINK}"),
+    ("rl", in_run("half-to-folder", "--resume", "--resume.step", "2"), f"step_2/trainer {IS_LINK}"),
+    ("sft", in_run("sft-step-to-folder", "--resume", kind="sft"), f"checkpoints/step_2 {IS_LINK}"),
+    ("sft", in_run("sft-step-to-folder", "--resume", "--dry-run", kind="sft"), f"checkpoints/step_2 {IS_LINK}"),
 ]
 
 

@@ -55,6 +55,8 @@ def runs(ws: Workspace) -> None:
     started(ws, "rl-run", "rl", ["--model.name", str(ws.model), *rank, "--orchestrator.env", ENVS])
     started(ws, "rl-changed", "rl", ["--model.name", str(changed)])
     started(ws, "rl-sweep", "rl", ["--model.name", str(ws.model), "--variants", '[{"name": "a"}, {"name": "b"}]'])
+    started(ws, "rl-sweep-half", "rl", ["--model.name", str(ws.model), "--variants", '[{"name": "a"}, {"name": "b"}]'])
+    RunFolder(resumes(ws) / "rl-sweep-half").for_variant("b").remove_checkpoint(2)  # a crash between the two
     started(ws, "sft-run", "sft", ["--model.name", str(ws.model), "--data.path", str(ws.data), *SFT_LORA])
     weights = changed / "model.safetensors"  # regenerated in place: same name, other bytes
     data = bytearray(weights.read_bytes())
@@ -106,10 +108,20 @@ CASES: list[Case] = [
     ),
     ("rl", resume("rl-sweep", "--variants", '[{"name": "b"}, {"name": "a"}]'), "variants.0.name: 'a' -> 'b'"),
     ("rl", resume("rl-sweep", "--variants", '[{"name": "a"}]'), "variants.1.name: 'b' -> (none)"),
+    # A variant renamed: named as such, not as a missing checkpoint (it has none under its new name).
+    ("rl", resume("rl-sweep", "--variants", '[{"name": "a"}, {"name": "c"}]'), "variants.1.name: 'b' -> 'c'"),
+    ("rl", resume("rl-sweep", "--variants", '[{"name": "x"}, {"name": "y"}]'), "variants.0.name: 'a' -> 'x'"),
     (
         "rl",
         resume("rl-sweep", "--variants", '[{"name": "a", "model": {"lora": {"rank": 16}}}, {"name": "b"}]'),
         "variants.0.model.lora.rank: (none) -> 16",
+    ),
+    # The same run, without the checkpoint asked for (or one complete for every variant).
+    ("rl", resume("rl-run", "--resume.step", "3"), "--resume.step 3: no complete checkpoint of that step in"),
+    (
+        "rl",
+        resume("rl-sweep-half", "--variants", '[{"name": "a"}, {"name": "b"}]'),
+        "--resume: no complete checkpoint in",
     ),
     # sft's adapter and base alike.
     ("sft", sft_resume("--model.lora.rank", "32"), f"{OTHERWISE} model.lora.rank: 8 -> 32"),

@@ -1,7 +1,8 @@
 """Bad input that was accepted silently or hung (issue 49): data that is not a regular file (a FIFO,
 which `open()` would wait on forever), an IcePop band of no width (every token masked, loss 0),
 `--auto_resume` with no checkpoint to resume from, a variant name no folder can have, and TOML's
-`true` where a number is meant (pydantic took it for 1: `top_k = true` sampled greedily), a seq_len
+`true` where a number is meant (pydantic took it for 1: `top_k = true` sampled greedily) and a string
+where true or false is (`packing = "false"` was false, `"yes"` true), a seq_len
 beyond the model's max_position_embeddings, a quoted "false" in chat_template_kwargs (true for a
 template), vLLM flags that lorarl sets repeated in inference.extra_args, and an inference.host that
 is not this machine's. Each is refused in one line, nothing written (`bad_inputs.assert_refused`)."""
@@ -32,6 +33,9 @@ def fifo(ws: Workspace) -> None:
     ws.write("workers-true.toml", "[inference]\nnum_workers = true\n")
     ws.write("timeout-false.toml", "[inference]\nrequest_timeout = false\n")
     ws.write("keep-true.toml", "[trainer.ckpt]\nkeep_last = true\n")
+    ws.write("packing-string.toml", '[trainer]\npacking = "false"\n')
+    ws.write("rslora-string.json", '{"model": {"lora": {"use_rslora": "yes"}}}')
+    ws.write("sft-packing-string.toml", "packing = '0'\n")
     ws.write("surrogate.json", '{"orchestrator": {"env": [{"id": "reverse_text", "args": {"words": ["ab\\udc00"]}}]}}')
 
 
@@ -79,6 +83,16 @@ CASES: list[Case] = [
     ("rl", rl_args("@", "{w.root}/inputs/workers-true.toml"), "num_workers = true: num_workers takes a number"),
     ("rl", rl_args("@", "{w.root}/inputs/timeout-false.toml"), "request_timeout = false: request_timeout takes"),
     ("rl", rl_args("@", "{w.root}/inputs/keep-true.toml"), "keep_last = true: keep_last takes a number"),
+    # Strings where true or false is meant: pydantic read "false", "no" and "0" as false.
+    ("rl", rl_args("@", "{w.root}/inputs/packing-string.toml"), 'packing = "false": packing takes true or false, not'),
+    ("rl", rl_args("@", "{w.root}/inputs/rslora-string.json"), 'model.lora: use_rslora = "yes": use_rslora takes'),
+    ("rl", rl_args("--trainer", '{"packing": "no"}'), 'packing = "no": packing takes true or false, not a string'),
+    ("rl", rl_args("--variants", '[{"name": "a", "model": {"lora": {"use_rslora": "1"}}}]'), 'use_rslora = "1"'),
+    (
+        "sft",
+        sft_args("@", "{w.root}/inputs/sft-packing-string.toml"),
+        'packing = "0": packing takes true or false, not a string: write it without quotes (from /',
+    ),
     # Strings where a template takes a switch: any string is true there.
     ("rl", rl_args("--orchestrator.chat_template_kwargs", '{"enable_thinking": "no"}'), "enable_thinking = 'no'"),
     ("rl", rl_args("--orchestrator.chat_template_kwargs", '{"thinking": "off"}'), "thinking = 'off' is a string"),

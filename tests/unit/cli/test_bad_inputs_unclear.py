@@ -1,7 +1,8 @@
 """Bad input that was accepted and then failed at start in a traceback, or refused in a message that
 did not say what was wrong (issue 49): a model that is no causal language model (an encoder, an
 encoder-decoder), of no layers, or whose folder lacks the tokenizer's chat template; `~user` in a path
-for a user this machine does not have; JSON on the command line with escapes, or not JSON at all; and
+for a user this machine does not have; JSON on the command line with escapes, or not JSON at all; a
+regex that starts with "[" (read as a list, and garbled); and
 `lorarl-inference`, which started vLLM on a model `rl` would refuse. Each is refused in one line naming
 the key, file or value, nothing written (`bad_inputs.assert_refused`).
 """
@@ -107,6 +108,16 @@ CASES: list[Case] = [
         rl_args("--orchestrator.env", '[{"id": "reverse_text", "args": {"words": ["say \\"hi\\""], "nope": 1}}]'),
         "args do not fit ReverseText: got an unexpected keyword argument 'nope'",
     ),
+    # A regex that starts with "[" for a key that takes a string or a list: pydantic-settings made
+    # '[[qk],"_proj"]' of it; now the string typed, which must match whole module paths.
+    ("rl", rl_args("--model.lora.target_modules", "[qk]_proj"), "target_modules = '[qk]_proj' adapts no module"),
+    ("rl", rl_args("--model.lora.target_modules=[a-z]+_proj"), "target_modules = '[a-z]+_proj' adapts no module"),
+    ("sft", sft_args("--model.lora.target_modules", "[qv]_proj", "--dry-run"), "target_modules = '[qv]_proj' adap"),
+    (
+        "rl",
+        rl_args("--model.lora.target_modules", "[qk]_proj", "--model.lora.target_modules", "v_proj"),
+        "--model.lora.target_modules: given more than once, once as a string that starts with '['",
+    ),
     # lorarl-inference checks the model as rl does before it would start vLLM.
     ("lorarl-inference", inference("--model.name", "{w.root}/no-such-model"), "model.name: {w.root}/no-such-model"),
     ("lorarl-inference", inference("--seq_len", "4096"), "seq_len 4096: "),
@@ -133,6 +144,27 @@ def test_unclear_or_late_refusals_are_one_clear_line(
 def test_json_escapes_on_the_command_line_mean_what_json_says(value: str, words: list[str]) -> None:
     cfg = load_config(RLConfig, ["--model.name", "m", "--orchestrator.env", value])
     assert cfg.orchestrator.env[0].args["words"] == words
+
+
+@pytest.mark.parametrize(
+    ("value", "kept"),
+    [
+        ("[qk]_proj|.*\\.v_proj", "[qk]_proj|.*\\.v_proj"),  # a regex: the string typed
+        ("[q,k]_proj", "[q,k]_proj"),
+        ("[q_proj, v_proj]", ["q_proj", "v_proj"]),  # a list without quotes, as before
+        ('["q_proj", "v_proj"]', ["q_proj", "v_proj"]),
+        ("q_proj,v_proj", ["q_proj", "v_proj"]),
+    ],
+)
+def test_a_key_that_takes_a_string_or_a_list_keeps_a_regex_that_starts_with_a_bracket(
+    value: str, kept: str | list[str]
+) -> None:
+    cfg = load_config(RLConfig, ["--model.name", "m", "--model.lora.target_modules", value])
+    assert cfg.lora.target_modules == kept
+    assert (
+        load_config(RLConfig, ["--model.name", "m", f"--model.lora.exclude_modules={value}"]).lora.exclude_modules
+        == kept
+    )
 
 
 def test_a_list_flag_given_twice_with_an_escaped_json_value_is_refused(capsys: pytest.CaptureFixture[str]) -> None:

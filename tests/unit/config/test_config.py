@@ -142,6 +142,30 @@ def test_bad_type_names_key_and_source(tmp_path: Path) -> None:
     assert a in str(exc.value)
 
 
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('[trainer]\npacking = "false"\n', 'trainer: packing = "false": packing takes true or false, not a string'),
+        ('[inference]\ntime_share = "no"\n', 'inference: time_share = "no": time_share takes true or false'),
+        ("[orchestrator.sampling]\ntop_k = true\n", "orchestrator.sampling: top_k = true: top_k takes a number"),
+        ('[trainer]\npacking = "{key} {x"\n', 'trainer: packing = "{key} {x": packing takes true or false'),
+    ],
+)
+def test_a_value_of_another_kind_names_its_key_and_the_one_file_that_set_it(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    """A string where true or false is meant (pydantic read "false" as false, and "no" as well), a bool
+    where a number is: refused in one line naming the key and the file that set it, not every file that
+    set a key of its section."""
+    a = write(tmp_path / "a.toml", '[model]\nname = "m"\n[trainer]\nmicro_batch_size = 2\n')
+    b = write(tmp_path / "b.toml", text)
+    with pytest.raises(ConfigError) as exc:
+        load_config(RLConfig, ["@", a, "@", b])
+    assert str(exc.value).startswith(message) and str(exc.value).endswith(f"(from {b})")
+    cfg = load_config(RLConfig, ["@", a, "--no-trainer.packing", "--inference.time_share"])  # the flags' bools
+    assert cfg.trainer.packing is False and cfg.inference.time_share is True
+
+
 def test_missing_required_key() -> None:
     with pytest.raises(ConfigError) as exc:
         load_config(SFTConfig, ["--model.name", "m"])
