@@ -160,12 +160,18 @@ def test_sft_with_fsdp_trains_as_one_process_and_resumes_either_way(
         for key in ("loss", "grad_norm", "eval/loss"):  # grad_norm: a mean over ranks would halve it
             assert abs(got.get(key, 0) - want.get(key, 0)) <= 1e-4 * abs(want.get(key, 0)), (key, got, want)
 
-    # A checkpoint of each continues under the other: the same weights as the run that wrote it.
-    for written, resumed, dp, extra in (("fsdp", "fsdp-then-single", 1, {}), ("single", "single-then-fsdp", 2, fsdp)):
-        shutil.copytree(tmp_path / written, tmp_path / resumed)
-        shutil.rmtree(tmp_path / resumed / "final")
-        again = sft_final(tiny_model, tmp_path, data, resumed, dp, lora, **settings, **extra, resume={"step": 2})
-        assert_same_weights(again, sharded if written == "fsdp" else single)
+    # A checkpoint continues under the other layout: the same weights as the run that wrote it. One way
+    # per parametrization (each resume is another process start): the sharded full model's checkpoint
+    # resumes in one process, one process's adapter checkpoint resumes sharded.
+    written, dp, extra = ("single", 2, fsdp) if lora else ("fsdp", 1, {})
+    resumed = f"{written}-then-{'fsdp' if dp == 2 else 'single'}"
+    shutil.copytree(tmp_path / written, tmp_path / resumed)
+    shutil.rmtree(tmp_path / resumed / "final")
+    again = sft_final(tiny_model, tmp_path, data, resumed, dp, lora, **settings, **extra, resume={"step": 2})
+    assert_same_weights(again, sharded if written == "fsdp" else single)
+    # It went on from step 2 (from scratch it would have logged steps 1 and 2 again).
+    logged = [json.loads(line)["step"] for line in (tmp_path / resumed / "metrics.jsonl").read_text().splitlines()]
+    assert logged == [1, 2, 3], logged
 
 
 def test_rl_runs_sharded_data_parallel_trainer_ranks(tiny_model: Path, vllm_server: str, tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import psutil
 import pytest
 import tinker
 from tinker import types
@@ -200,8 +201,12 @@ def test_a_killed_server_resumes_its_futures_and_tenants(tiny_model: Path, tmp_p
         losses = train(client, data, steps=3)
         saved = client.save_state("before-kill").result().path
         expected = logprobs_of(client, data)
+        children = psutil.Process(server.proc.pid).children(recursive=True)
         os.kill(server.proc.pid, signal.SIGKILL)
         server.proc.wait(30)
+    # Its vLLM worker and trainer stop without it (parent-death signal): none left to slow what follows.
+    gone, left = psutil.wait_procs(children, timeout=60)
+    assert children and not left, [p.cmdline() for p in left]
     with sqlite3.connect(server.run_dir / "serve.sqlite") as db:
         finished = [r[0] for r in db.execute("SELECT id FROM requests WHERE status = 'done' AND kind = 'forward'")]
     with running_server(config, "--resume") as server:
