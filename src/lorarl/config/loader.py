@@ -6,7 +6,8 @@
   key by key, lists replace) wherever they appear in argv.
 * Flags, parsed by pydantic-settings, always override files, which override the class defaults:
   - values: `--trainer.optim.lr 1e-4` or `--trainer.optim.lr=1e-4`; `--model.name null` gives None.
-  - booleans: `--orchestrator.advantage.std_normalize` / `--no-orchestrator.advantage.std_normalize`.
+  - booleans: `--orchestrator.advantage.std_normalize` / `--no-orchestrator.advantage.std_normalize`, or
+    with `true` / `false` after the flag (any case, as TOML, JSON and Python spell them).
     Field names keep their underscores; top-level fields also take dashes (`--dry-run`, `--no-dry-run`).
   - lists: JSON (`--inference.urls '["http://a","http://b"]'`), comma-separated (`--inference.urls a,b`)
     or repeated (`--inference.urls a --inference.urls b`). A value that starts with `-` needs `=`:
@@ -189,22 +190,28 @@ def _flag_values(flags: list[str]) -> list[tuple[int, str, str]]:
 
 def _take_values(cls: type[BaseModel], flags: list[str]) -> tuple[list[str], list[tuple[list[str], Any]]]:
     """`flags` with each value that pydantic-settings would misread (`_read_here`) replaced by an empty
-    value of its kind, and those values read here, by key path. The flag stays for pydantic-settings to
-    check its key."""
-    flags = list(flags)
+    value of its kind (a true or false left out: the flag alone is one), and those values read here, by
+    key path. The flag stays for pydantic-settings to check its key."""
+    kept_flags: list[str | None] = list(flags)
     taken = []
     values = _flag_values(flags)
     for i, name, value in values:
-        path = name.split(".")
-        if (read := _read_here(value, _field(cls, path))) is None:
+        path = name.replace("-", "_").split(".")  # --dry-run: the shortcut of dry_run
+        field = _field(cls, path)
+        if _takes_bool(field) and value.lower() not in ("true", "false"):
+            raise ConfigError(f"--{name} {value}: {name} takes true or false, or no value (--{name}, --no-{name})")
+        if (read := _read_here(value, field)) is None:
             continue
         kept, what = read
         if sum(n == name for _, n, _ in values) > 1:  # the parts' order would be lost
             raise ConfigError(f"--{name}: given more than once, once as {what}: give it once, as one value")
-        empty = "{}" if isinstance(kept, dict) else "[]"
-        flags[i] = f"--{name}={empty}" if flags[i].startswith("--") else empty
+        if isinstance(kept, bool):
+            kept_flags[i] = f"--{name}" if flags[i].startswith("--") else None
+        else:
+            empty = "{}" if isinstance(kept, dict) else "[]"
+            kept_flags[i] = f"--{name}={empty}" if flags[i].startswith("--") else empty
         taken.append((path, kept))
-    return flags, taken
+    return [f for f in kept_flags if f is not None], taken
 
 
 def _read_here(value: str, annotation: Any) -> tuple[Any, str] | None:
@@ -215,7 +222,13 @@ def _read_here(value: str, annotation: Any) -> tuple[Any, str] | None:
       an escaped backslash two backslashes, silently.
     * A string that starts with "[" and is neither JSON nor a list `[a, b]`, for a key that takes a
       string or a list (model.lora.target_modules): pydantic-settings took the regex `[qk]_proj` for a
-      list and turned it into the string '[[qk],"_proj"]'. It is the string the user typed."""
+      list and turned it into the string '[[qk],"_proj"]'. It is the string the user typed.
+    * `true` or `false` (any case) for a key that takes true or false (`--trainer.packing false`):
+      pydantic-settings' flags take no value (`--trainer.packing`, `--no-trainer.packing`) and refused
+      it as "unrecognized arguments: false", not naming the key. The spelling of TOML, JSON and most
+      other tools' command lines works here too."""
+    if _takes_bool(annotation):
+        return value.lower() == "true", "true or false"
     if annotation is None or not value.lstrip().startswith(("[", "{")):
         return None
     try:
@@ -227,6 +240,12 @@ def _read_here(value: str, annotation: Any) -> tuple[Any, str] | None:
             return value, "a string that starts with '['"
         return None  # reported by _invalid_json, if pydantic-settings refuses it
     return (parsed, "JSON with a \\ escape") if "\\" in value else None
+
+
+def _takes_bool(annotation: Any) -> bool:
+    """Whether a field of type `annotation` takes true or false (and perhaps None) alone."""
+    members = _members(annotation)
+    return bool in members and set(members) <= {bool, type(None)}
 
 
 def _plain_list(value: str) -> bool:

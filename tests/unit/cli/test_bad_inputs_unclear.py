@@ -15,8 +15,8 @@ from collections.abc import Callable
 
 import pytest
 
-from lorarl.config.loader import ConfigError, load_config
-from lorarl.config.run import RLConfig
+from lorarl.config.loader import ConfigError, load_config, load_run
+from lorarl.config.run import RLConfig, RLRunMode
 from tests.unit.cli.bad_inputs import Case, Workspace, assert_refused, case_ids, merge_args, rl_args, sft_args
 
 NO_USER = "lorarl-no-such-user"
@@ -165,6 +165,31 @@ def test_a_key_that_takes_a_string_or_a_list_keeps_a_regex_that_starts_with_a_br
         load_config(RLConfig, ["--model.name", "m", f"--model.lora.exclude_modules={value}"]).lora.exclude_modules
         == kept
     )
+
+
+@pytest.mark.parametrize(
+    ("flags", "packing", "dry_run"),
+    [
+        (["--trainer.packing", "false"], False, False),  # TOML's and JSON's spelling
+        (["--trainer.packing=False"], False, False),  # Python's
+        (["--trainer.packing", "TRUE", "--dry-run", "true"], True, True),
+        (["--no-trainer.packing"], False, False),  # the flags as before
+        (["--trainer.packing"], True, False),
+    ],
+)
+def test_a_key_that_takes_true_or_false_takes_them_after_its_flag(
+    flags: list[str], packing: bool, dry_run: bool
+) -> None:
+    """`--key false` was refused as "unrecognized arguments: false", without the key: pydantic-settings'
+    flags take no value."""
+    cfg, mode = load_run(RLConfig, RLRunMode, ["--model.name", "m", "--max_steps", "3", *flags])
+    assert (cfg.trainer.packing, mode.dry_run, cfg.max_steps) == (packing, dry_run, 3)
+
+
+def test_a_key_that_takes_true_or_false_refuses_other_words_after_its_flag() -> None:
+    """Refused naming the key (it was "unrecognized arguments: yes")."""
+    with pytest.raises(ConfigError, match=r"^--trainer.packing yes: trainer.packing takes true or false, or no value "):
+        load_config(RLConfig, ["--model.name", "m", "--trainer.packing", "yes"])
 
 
 def test_a_list_flag_given_twice_with_an_escaped_json_value_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
