@@ -27,6 +27,7 @@ def test_cuda_linked_vision_and_audio_packages_are_left_out() -> None:
         assert importlib.util.find_spec(name) is None, f"{name} is installed; it breaks transformers on CPU torch"
 
 
+@pytest.mark.slow  # over a second on 2 cores: out of the fast lane
 def test_lorarl_plot_console_script(tmp_path: Path) -> None:
     run = tmp_path / "run"
     run.mkdir()

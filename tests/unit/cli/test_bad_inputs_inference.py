@@ -172,6 +172,7 @@ def test_bad_inference_input_is_refused_in_one_line_within_seconds(
     assert time.monotonic() - start < 20  # a url is named in seconds (5 s for one that never answers)
 
 
+@pytest.mark.slow  # over a second on 2 cores: out of the fast lane
 def test_a_vllm_server_of_the_model_passes(ws: Workspace, capsys: pytest.CaptureFixture[str]) -> None:
     """The same check lets the right server through: the cases above fail for their fault alone."""
     from lorarl.inference.health import check_served_model

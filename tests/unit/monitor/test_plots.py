@@ -91,6 +91,7 @@ def test_panels_without_data_are_not_drawn(tmp_path: Path, capsys: pytest.Captur
     assert capsys.readouterr().out.splitlines()[0] == str(run / "plots" / "overview.png")
 
 
+@pytest.mark.slow  # over a second on 2 cores: out of the fast lane
 def test_sft_run_gets_only_sft_panels(tmp_path: Path) -> None:
     run = write_metrics(tmp_path / "sft", sft_rows(5))
     main([str(run)])

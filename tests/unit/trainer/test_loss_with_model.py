@@ -369,6 +369,7 @@ def rollouts_for(step: int) -> list[Rollout]:
         {"mismatch_correction": "tis", "mismatch_level": "sequence", "entropy_coef": 0.01},
     ],
 )
+@pytest.mark.slow  # over a second on 2 cores: out of the fast lane
 def test_trainer_steps_on_written_rollouts_log_the_loss_metrics(tiny_model: Path, tmp_path: Path, loss: dict) -> None:
     """The RL trainer loop (no vLLM: the rollout batches are written by hand), with checkpointing,
     with packing and without: the same metrics and adapters."""
@@ -405,6 +406,7 @@ def test_trainer_steps_on_written_rollouts_log_the_loss_metrics(tiny_model: Path
         torch.testing.assert_close(b[key], a[key], rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow  # over a second on 2 cores: out of the fast lane
 def test_a_resumed_run_trains_the_same_adapter_as_an_uninterrupted_one(tiny_model: Path, tmp_path: Path) -> None:
     """Stopped after step 2 (its checkpoint), resumed, fed the same batch 3: the same step-3 adapter."""
 

@@ -53,6 +53,7 @@ def adapter(folder: Path) -> dict[str, torch.Tensor]:
     return load_file(folder / "adapter_model.safetensors")
 
 
+@pytest.mark.slow  # over a second on 2 cores: out of the fast lane
 def test_a_variant_trains_the_adapter_of_a_run_of_its_own(tiny_model: Path, tmp_path: Path) -> None:
     alone = config(tiny_model, tmp_path / "alone")
     alone.model.lora = alone.lora.model_copy(update=SOLO["lora"])

@@ -47,6 +47,7 @@ def test_bad_args_are_clear_errors(env_cfg) -> None:
         load_environment(env_cfg.id, {"max_attempts": 0})
 
 
+@pytest.mark.slow  # over a second on 2 cores: out of the fast lane
 def test_the_module_path_resolves_from_the_repo_root_in_a_fresh_interpreter() -> None:
     # `rl` starts the orchestrator as `python -m ...` in the current directory; `-c` puts the
     # current directory on sys.path the same way.

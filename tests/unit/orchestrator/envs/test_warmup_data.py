@@ -32,6 +32,7 @@ def make_data(out: Path, env: str, args: dict[str, Any], num: int = 4, *flags: s
     return [json.loads(line) for line in out.read_text().splitlines()]
 
 
+@pytest.mark.slow  # over a second on 2 cores: out of the fast lane
 def test_alphabet_sort_warmup_episodes_are_correct_and_whole(tmp_path: Path) -> None:
     env = load_environment("alphabet_sort", ARGS)
     for record in make_data(tmp_path / "alphabet.jsonl", "alphabet_sort", ARGS):
@@ -131,6 +132,7 @@ def test_tool_flags_need_an_environment_with_tools(tmp_path: Path, flags: list[s
     assert not (tmp_path / "r.jsonl").exists()
 
 
+@pytest.mark.slow  # over a second on 2 cores: out of the fast lane
 def test_an_environment_without_solutions_is_one_line(tmp_path: Path) -> None:
     env = "tests.unit.orchestrator.scripted_env:Scripted"  # a custom environment, from the repo root
     cmd = [sys.executable, str(REPO / "scripts" / "make_sft_data.py"), "--env", env, "--num", "2",
