@@ -227,7 +227,7 @@ def _read_here(value: str, annotation: Any) -> tuple[Any, str] | None:
       pydantic-settings' flags take no value (`--trainer.packing`, `--no-trainer.packing`) and refused
       it as "unrecognized arguments: false", not naming the key. The spelling of TOML, JSON and most
       other tools' command lines works here too."""
-    if _takes_bool(annotation):
+    if _takes_bool(annotation) and value.lower() in ("true", "false"):
         return value.lower() == "true", "true or false"
     if annotation is None or not value.lstrip().startswith(("[", "{")):
         return None
