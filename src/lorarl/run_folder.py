@@ -232,18 +232,20 @@ class RunFolder:
         resume: bool,
         overwrite: bool,
         dry_run: bool = False,
-        before_writing: Callable[[], object] | None = None,
+        resume_from: Callable[[], int] | None = None,
+        variants: Sequence[str] = (),
     ) -> str:
         """Make the folder ready for a run of `kind` ("rl", "sft" or "serve"); call it once every other check
         has passed. A new or empty folder gets the marker. A folder that holds a previous run is
         reused only when asked: `resume` keeps its checkpoints and metrics (its logs move to
         logs/previous-<time>/), `overwrite` clears everything lorarl wrote there. A `dry_run` makes
         the same checks and deletes nothing: it marks a new folder as a dry run's, which the next run
-        reuses freely. `before_writing` is the caller's last check, made once the folder has passed its
-        own (links, marker, the run's identity) and before anything is written: the checkpoint a resume
-        continues from (`resume_step`), so that a planted link or a renamed variant is named as such,
-        not as a missing checkpoint. Returns what was done, for the log; raises RunFolderError, having
-        touched nothing, when the folder cannot be used as asked."""
+        reuses freely. `resume_from` gives the checkpoint step a resume continues from (`resume_step`),
+        asked once the folder has passed its own checks (links, marker, the run's identity), so that a
+        planted link or a renamed variant is named as such, not as a missing checkpoint; what the run
+        wrote after that step is discarded (`discard_after`, for each of `variants`). Returns what was
+        done, for the log; raises RunFolderError, having touched nothing, when the folder cannot be used
+        as asked."""
         if resume and overwrite:
             raise RunFolderError("--resume continues a run and --overwrite starts it over: give one of them")
         if self.is_alive():
@@ -275,8 +277,7 @@ class RunFolder:
         if resume and previous is not None:
             changes = self._resume_changes(previous, identity)
         said = f"; changed since the run started: {'; '.join(changes)}" if changes else ""
-        if before_writing is not None:
-            before_writing()
+        step = resume_from() if resume_from is not None else None
         if dry_run:
             if marker is None:
                 self._make_root()
@@ -286,6 +287,8 @@ class RunFolder:
             self.remove_interrupted_checkpoint_writes()
         if resume:
             self.clear_regenerated()
+            if step is not None:
+                self.discard_after(step, variants)
             self._rotate_logs()
             done = f"resuming the {kind} run in {self.root}{said}"
         elif marker is not None:
@@ -375,6 +378,19 @@ class RunFolder:
             return True
         finally:
             os.close(fd)
+
+    def discard_after(self, step: int, variants: Sequence[str] = ()) -> None:
+        """Forget what the run wrote after `step`, which it continues from: later checkpoints (of each of
+        `variants`, or of this view) and metrics rows of later steps, which the resumed run writes again.
+        Call it before any process of the run starts: one that did it as it started would drop what the
+        other had written meanwhile (a resumed orchestrator logs its first steps while the trainer loads)."""
+        for view in [self.for_variant(v) for v in variants] or [self]:
+            for later in (s for s in view.checkpoint_steps() if s > step):
+                view.remove_checkpoint(later)
+                log.info("removed checkpoint step_%d, written after the step resumed from", later)
+        if self.metrics.is_file():
+            lines = self.metrics.read_text().splitlines(keepends=True)
+            write_file_atomically(self.metrics, "".join(line for line in lines if _row_step(line) <= step))
 
     def clear_regenerated(self) -> None:
         """Remove what a resumed run writes again from its checkpoint on (batches, adapters, samples):
@@ -548,6 +564,13 @@ def _users_files(dest: Path, new: Path) -> list[Path]:
             "it is left untouched; move it away, or write elsewhere"
         )
     return found
+
+
+def _row_step(line: str) -> float:
+    try:
+        return float(json.loads(line)["step"])
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+        return float("inf")  # a line cut short by the crash the run resumes from
 
 
 def write_file_atomically(dest: Path, text: str) -> None:

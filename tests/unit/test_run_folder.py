@@ -127,6 +127,21 @@ def test_resume_keeps_checkpoints_and_metrics_and_rotates_logs(tmp_path: Path) -
     assert run.resume_step(None) == 2
 
 
+def test_a_resume_forgets_what_was_written_after_its_checkpoint_before_any_process_starts(tmp_path: Path) -> None:
+    """Rows and checkpoints past the step resumed from go in `prepare`, not as the trainer loads: the
+    resumed orchestrator logs its first steps meanwhile, and those rows stay."""
+    run = finished_run(tmp_path / "r")
+    run.write_checkpoint_half(3, "orchestrator", lambda d: (d / "sampler.json").write_text("{}"))
+    run.write_checkpoint_half(3, "trainer", lambda d: (d / "state.json").write_text("{}"))
+    rows = [{"step": s, "component": c} for s in (1, 2, 3) for c in ("trainer", "orchestrator")]
+    run.metrics.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 4, "comp')  # cut short
+    prepare_resume = RunFolder(run.root).prepare("rl", {"lr": 1e-3}, True, False, resume_from=lambda: 2)
+    assert prepare_resume.startswith("resuming")
+    assert run.checkpoint_steps() == [2] and not run.checkpoint(3).exists()
+    assert [json.loads(line)["step"] for line in run.metrics.read_text().splitlines()] == [1, 1, 2, 2]
+    assert run.metrics in written_files(run.root)  # still lorarl's: an overwrite removes it
+
+
 def test_a_folder_lorarl_did_not_write_is_never_touched(tmp_path: Path) -> None:
     user = tmp_path / "thesis"
     (user / "checkpoints").mkdir(parents=True)

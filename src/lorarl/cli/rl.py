@@ -26,11 +26,11 @@ def main(argv: list[str] | None = None) -> None:
     run = RunFolder(cfg.run_dir)
     try:
         placement = check_rl(cfg, mode)
-        resume = cfg.resume
+        resume, variants = cfg.resume, [v.name for v in cfg.variants]
         # Looked for once the folder passed its own checks: a planted link or a renamed variant is named so.
-        checkpoint = None if resume is None else lambda: run.resume_step(resume.step, [v.name for v in cfg.variants])
+        checkpoint = None if resume is None else lambda: run.resume_step(resume.step, variants)
         config = cfg.model_dump(mode="json")
-        done = run.prepare("rl", config, resume is not None, mode.overwrite, mode.dry_run, before_writing=checkpoint)
+        done = run.prepare("rl", config, resume is not None, mode.overwrite, mode.dry_run, checkpoint, variants)
     except (PreflightError, RunFolderError) as e:
         exit_with(e, BAD_INPUT)
     log.info(done)

@@ -148,7 +148,7 @@ def supervise(
                     restarts["roles"],
                     auto_resume,
                 )
-                roles = resume_roles(cfg, run, roles, supervisor, placement)
+                roles = resume_roles(cfg, run, step, roles, supervisor, placement)
                 watch.restart()
             else:
                 return report_failure(supervisor, name, code)
@@ -169,13 +169,20 @@ def auto_resume_step(cfg: RLConfig, run: RunFolder, code: int, restarts: int, al
 
 
 def resume_roles(
-    cfg: RLConfig, run: RunFolder, roles: list[ProcessSpec], supervisor: Supervisor | RayCluster, placement: Placement
+    cfg: RLConfig,
+    run: RunFolder,
+    step: int,
+    roles: list[ProcessSpec],
+    supervisor: Supervisor | RayCluster,
+    placement: Placement,
 ) -> list[ProcessSpec]:
-    """Stop the trainer and orchestrator, then start both again from the latest checkpoint."""
+    """Stop the trainer and orchestrator, then start both again from the checkpoint of `step` (the latest
+    as the role stopped; a newer one the other role wrote since is discarded, as the log said `step`)."""
     supervisor.stop([s.name for s in roles])
     run.clear_regenerated()
     run.remove_interrupted_checkpoint_writes()  # the dead role's cut-short write, if any
-    resumed = cfg.model_copy(update={"resume": ResumeConfig()})
+    run.discard_after(step, [v.name for v in cfg.variants])
+    resumed = cfg.model_copy(update={"resume": ResumeConfig(step=step)})
     new_roles = [s for s in plan_run(resumed, run, placement) if s.role != "inference"]
     for spec in new_roles:
         start(supervisor, spec)

@@ -24,7 +24,7 @@ import peft
 import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 
-from lorarl.run_folder import RunFolder, write_file_atomically
+from lorarl.run_folder import RunFolder
 from lorarl.trainer.distributed import is_main_process
 from lorarl.trainer.fsdp import gathered_optimizer_state, gathered_weights, is_sharded, load_optimizer_state
 from lorarl.trainer.model import save_adapter
@@ -105,24 +105,6 @@ def load_training_state(
     _set_rng_state(torch.load(folder / "rng.pt", weights_only=True))
     log.info("resumed from %s", folder)
     return json.loads((folder / "state.json").read_text())
-
-
-def discard_after(run: RunFolder, step: int) -> None:
-    """Forget what a run wrote after `step`, before it continues from there: later checkpoints,
-    and metrics rows of later steps (the resumed run writes them again)."""
-    for later in (s for s in run.checkpoint_steps() if s > step):
-        run.remove_checkpoint(later)
-        log.info("removed checkpoint step_%d, written after the step resumed from", later)
-    if run.metrics.is_file():
-        lines = run.metrics.read_text().splitlines(keepends=True)
-        write_file_atomically(run.metrics, "".join(line for line in lines if _row_step(line) <= step))
-
-
-def _row_step(line: str) -> float:
-    try:
-        return float(json.loads(line)["step"])
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-        return float("inf")  # a line cut short by the crash the run resumes from
 
 
 def _rng_state() -> dict[str, Any]:

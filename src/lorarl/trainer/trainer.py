@@ -33,7 +33,7 @@ from lorarl.cpu.host_memory import set_host_malloc
 from lorarl.monitor.metrics import MetricsLogger
 from lorarl.run_folder import RunFolder
 from lorarl.trainer.batching import MicroBatch, TrainSample
-from lorarl.trainer.checkpoint import discard_after, find_checkpoint, load_training_state, load_weights
+from lorarl.trainer.checkpoint import find_checkpoint, load_training_state, load_weights
 from lorarl.trainer.distributed import DataParallel, init_data_parallel
 from lorarl.trainer.model import TrainedModel, parameter_summary, trainable_parameters
 from lorarl.trainer.optim import build_optimizer, build_scheduler
@@ -114,8 +114,6 @@ class Trainer(Generic[Model]):
         resumed = None
         if checkpoint is not None:
             resumed = load_training_state(checkpoint, model, optimizer, scheduler)
-            if dp.is_main:
-                discard_after(run, resumed["step"])
         passes = forward_passes(cfg, pad_id)
         optim = training.optim
         watch = UpdateWatch(optim.max_skipped_steps, "trainer.optim" if isinstance(cfg, RLConfig) else "optim")

@@ -93,6 +93,8 @@ def test_resume_from_an_earlier_step_rewrites_what_came_after(setup: tuple[Path,
 
     # Steps 5 and 6 again, as if step 4 had been the last checkpoint.
     resumed = config(setup, tmp_path / "b", True, "--ckpt.interval", "2", "--resume.step", "4")
+    RunFolder(resumed.run_dir).discard_after(4)  # as `sft`'s RunFolder.prepare does, before the trainer starts
+    assert RunFolder(finished.run_dir).checkpoint_steps() == [4]
     sft.train(resumed)
     assert_same_run(result(straight), result(resumed))
     assert RunFolder(finished.run_dir).checkpoint_steps() == [4, 6]
