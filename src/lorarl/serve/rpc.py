@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import queue
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -101,7 +103,7 @@ def _accept(
             if not closing.is_set():
                 log.warning("refused a connection: %s", e or type(e).__name__)
             continue
-        accepted.put(conn)
+        accepted.put(without_delay(conn))
         wake.send_bytes(b"")
 
 
@@ -165,13 +167,23 @@ def connect(address: Address, authkey: bytes, timeout: float, alive: Callable[[]
     deadline = time.monotonic() + timeout
     while True:
         try:
-            return EngineClient(Client(address, authkey=authkey), address)
+            return EngineClient(without_delay(Client(address, authkey=authkey)), address)
         except AuthenticationError:
             raise EngineError(f"the trainer at {_where(address)} refused the key (LORARL_SERVE_AUTHKEY)") from None
         except (OSError, EOFError) as e:
             if time.monotonic() >= deadline or not alive():
                 raise EngineError(f"no trainer answers on {_where(address)} after {timeout:g} s ({e})") from None
             time.sleep(0.1)
+
+
+def without_delay(conn: Connection) -> Connection:
+    """`conn` with TCP_NODELAY: multiprocessing sends a message over 16 KiB in two writes (its length, then
+    its body), and Nagle's algorithm holds the second until the first is acknowledged, which the other end
+    delays by up to 40 ms. Measured before: 45 ms of idle trainer on every forward_backward (its datums)
+    and every optim_step (after the forward_backward's results came back)."""
+    with socket.socket(fileno=os.dup(conn.fileno())) as sock:  # the same socket; closing the copy leaves it open
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return conn
 
 
 def _where(address: Address) -> str:
