@@ -5,7 +5,8 @@
 Starts `lorarl-serve` on the model (a run folder under /tmp), then:
 1. overhead: a forward_backward + optim_step round trip (cross_entropy, `--batch` datums of the
    quickstart's lengths) against the same step done by rl's trainer in this process (the trainer's
-   forward_backward_step and optimizer step on the same samples, same rank), median seconds per step;
+   forward_backward_step and optimizer step on the same samples, same rank), taken in turns, median
+   seconds per step;
 2. tenants: trained tokens/s of 1, 2, 4 and 8 tenants training at once (each its own batch of the same
    size, one thread per tenant), against one tenant training a 4x batch;
 3. sampling: generated tokens/s with 1 and 8 tenants' sampler adapters live (16 prompts each, 8 samples).
@@ -24,7 +25,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -87,13 +88,17 @@ def api_step(client: tinker.TrainingClient, batch: list[types.Datum]) -> float:
     return time.perf_counter() - start
 
 
-def trainer_step_seconds(model: str, batch: list[types.Datum], steps: int, threads: int | None) -> float:
-    """The same step as rl's trainer takes it, in this process: its forward passes, loss and optimizer, on
-    as many threads as the server's trainer (`threads`; None: torch's default)."""
+def trainer_step(model: str, batch: list[types.Datum], threads: int | None) -> Callable[[], float]:
+    """The same step as rl's trainer takes it, in this process (its forward passes, loss and optimizer, on
+    as many threads as the server's trainer, `threads`; None: torch's default; its malloc policy): a
+    function that takes one and returns its seconds."""
     import torch
 
     if threads is not None:
         torch.set_num_threads(threads)
+    from lorarl.cpu.host_memory import set_host_malloc
+
+    set_host_malloc(True, keep_freed_memory=True)  # as rl's trainer and the server's keep it on a CPU (the default)
     from lorarl.config.algorithms import CrossEntropyLoss
     from lorarl.config.model import LoraConfig, ModelConfig
     from lorarl.trainer.batching import TrainSample
@@ -116,16 +121,17 @@ def trainer_step_seconds(model: str, batch: list[types.Datum], steps: int, threa
     norm = LossNorm.for_step(cfg, samples)
     optimizer = torch.optim.AdamW(trainable_parameters(peft_model), lr=1e-3)
     passes = ForwardPasses(True, 256, 64, 0, False)
-    times = []
-    for _ in range(steps + 1):
+
+    def step() -> float:
         start = time.perf_counter()
         forward_backward_step(
             peft_model, samples, lambda b: (micro_batch_loss(peft_model, b, cfg, norm, 128)[0], {}), passes
         )
         optimizer.step()
         optimizer.zero_grad()
-        times.append(time.perf_counter() - start)
-    return statistics.median(after_warmup(times))
+        return time.perf_counter() - start
+
+    return step
 
 
 def tenants_tokens_per_s(service: tinker.ServiceClient, base: str, tenants: int, batch: int, steps: int) -> float:
@@ -172,9 +178,11 @@ def main() -> None:
         base = str(service.get_server_capabilities().supported_models[0].model_name)
         batch = data(0, args.batch)
         client = service.create_lora_training_client(base_model=base, rank=8, seed=0).result()
-        api = statistics.median(after_warmup([api_step(client, batch) for _ in range(args.steps + 1)]))
         trainer = json.loads((Path(tmp) / "bench" / "configs" / "trainer.json").read_text())["trainer"]
-        direct = trainer_step_seconds(args.model, batch, args.steps, trainer["num_threads"])
+        direct_step = trainer_step(args.model, batch, trainer["num_threads"])
+        # Taken in turns, so that the machine's drift (this VM's figures move 20% in minutes) falls on both.
+        pairs = [(api_step(client, batch), direct_step()) for _ in range(args.steps + 1)]
+        api, direct = (statistics.median(after_warmup(times)) for times in zip(*pairs, strict=True))
         print(markdown_head(["step of", "s (median)", "overhead"]))
         print(markdown_row([f"rl's trainer, in process ({trainer['num_threads']} threads, as the server's)",
                             f"{direct:.3f}", ""]))  # fmt: skip
