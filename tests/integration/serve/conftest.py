@@ -12,7 +12,7 @@ import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -33,20 +33,9 @@ class Server:
     run_dir: Path
     config: Path
     proc: subprocess.Popen[bytes]
-    clients: list[tinker.ServiceClient] = field(default_factory=list)
 
     def client(self, key: str = KEY) -> tinker.ServiceClient:
-        """A client of this server, closed (its session finished) as the server stops."""
-        self.clients.append(tinker.ServiceClient(base_url=self.url, api_key=key))
-        return self.clients[-1]
-
-    def close_clients(self) -> None:
-        """Finish the clients' sessions: an SDK client left open heartbeats its session until the tests
-        end, and warns every 10 s once its server is gone. A killed server's are not waited for."""
-        closing = [c.close("success") for c in self.clients]
-        if self.proc.poll() is None:
-            for future in closing:
-                future.result(timeout=60)
+        return tinker.ServiceClient(base_url=self.url, api_key=key)
 
 
 def serve_config(tiny_model: Path, out: Path, run_name: str) -> Path:
@@ -76,7 +65,6 @@ def running_server(config: Path, *flags: str, timeout: float = 300) -> Iterator[
         proc = subprocess.Popen([console_script("lorarl-serve"), "@", str(config), *flags],
                                 stdout=out, stderr=subprocess.STDOUT, env=env)  # fmt: skip
     run_dir = Path(cfg["output_dir"]) / cfg["run_name"]
-    server = None
     try:
         deadline = time.monotonic() + timeout
         while True:
@@ -88,11 +76,8 @@ def running_server(config: Path, *flags: str, timeout: float = 300) -> Iterator[
                 urllib.request.urlopen(f"{url}/api/v1/healthz", timeout=2)
                 break
             time.sleep(1)
-        server = Server(url, run_dir, config, proc)
-        yield server
+        yield Server(url, run_dir, config, proc)
     finally:
-        if server is not None:
-            server.close_clients()
         children = psutil.Process(proc.pid).children(recursive=True) if proc.poll() is None else []
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
