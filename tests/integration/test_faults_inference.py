@@ -79,6 +79,8 @@ def watch_until_both_end(url: str, procs: dict[Path, subprocess.Popen[str]]) -> 
             if not name.startswith("same-"):
                 continue  # another test's, on the shared server
             run = Path(root).parents[1]
+            if run not in procs:
+                continue  # left by an earlier run of this name, which each of these unloads as it starts
             alive = name in owners and procs[owners[name]].poll() is None
             assert not (alive and owners[name] != run), f"{name} of {owners[name]}, still going, replaced by {run}'s"
             owners[name] = run

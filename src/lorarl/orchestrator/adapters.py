@@ -3,10 +3,12 @@
 `AdapterWatcher` loads each LoRA version under a name of its own; `WeightsWatcher` (model.full_finetune)
 reloads the whole model in place, so that the workers always serve one version, the newest.
 
-Two runs of the same run_name (in two folders) may share a server: loading a name claims it there
-(vLLM refuses a second load of a served name, atomically), and a run never replaces an adapter of
-its name that a run still going loaded: it stops with one line instead. (Replacing it, as lorarl
-once did, made one run sample with the other's policy, and the engine crash on the swap.)
+Two runs of the same run_name (in two folders) never share a server at once: before each load a run
+checks that no worker serves an adapter of its name for another run still going, and loading a name
+claims it (vLLM refuses a second load of a served name, atomically), so the second of two runs that
+start together is refused too. It stops with one line. (Replacing the other run's adapter, as lorarl
+once did, made one run sample with the other's policy and the engine crash on the swap; checking only
+the name being loaded let a run load a version the other had just unloaded.)
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from lorarl.inference.client import AdapterNameTaken
+from lorarl.inference.client import AdapterNameTaken, InferenceClient
 from lorarl.inference.pool import WorkerPool
 from lorarl.run_folder import RunFolder
 from lorarl.written_files import remove_folder
@@ -56,14 +58,21 @@ class AdapterWatcher:
         """Unload the adapters of this run name that the workers still serve (from a run of the same
         name that ended, or this run before a resume), so that they hold no adapter slots. Those of
         a run of the same name that is still going, in another folder, are its own: refuse to start."""
+        for worker, name in await self._served_of_this_name():
+            log.info("unloading %s, left on %s by an earlier run of this name", name, worker.base_url)
+            await worker.unload_adapter(name)
+
+    async def _served_of_this_name(self) -> list[tuple[InferenceClient, str]]:
+        """(worker, adapter name) of every adapter of this run name the workers serve; raises
+        AdapterNameInUse if one belongs to a run of another folder that is still going."""
+        served = []
         for worker in self.pool.workers:
             for model in await worker.models():
                 name, root = model["id"], model.get("root")
-                if not (model.get("parent") and name.startswith(f"{self.run_name}-step") and root):
-                    continue
-                self._refuse_if_live(worker.base_url, name, root)
-                log.info("unloading %s, left on %s by an earlier run of this name", name, worker.base_url)
-                await worker.unload_adapter(name)
+                if model.get("parent") and name.startswith(f"{self.run_name}-step") and root:
+                    self._refuse_if_live(worker.base_url, name, root)
+                    served.append((worker, name))
+        return served
 
     def _refuse_if_live(self, url: str, name: str, root: str | None) -> None:
         """Raise if the adapter `name` that `url` serves, loaded from `root`, belongs to a run of
@@ -102,6 +111,7 @@ class AdapterWatcher:
 
     async def _load(self, version: int) -> None:
         name, path = self.adapter_name(version), str(self.run.broadcast(version).resolve())
+        await self._served_of_this_name()  # another run of this name has started since: refuse
         try:
             await self.pool.load_adapter(name, path)
         except AdapterNameTaken as e:  # claimed since remove_leftovers: by a live run (refused), or ended

@@ -1,6 +1,6 @@
-"""Two runs of one run_name sharing a server: loading a version claims its name there. A run whose
-name is already served for a run still going stops in one line instead of replacing that adapter;
-one left by a run that ended is replaced. (Against a loopback vLLM stand-in.)"""
+"""Two runs of one run_name on one server: a run that finds any adapter of its name served for a run
+still going stops in one line, before it loads (loading a version also claims its name there, for
+two that start together); one left by a run that ended is replaced. (Against a loopback vLLM stand-in.)"""
 
 from __future__ import annotations
 
@@ -40,6 +40,18 @@ def test_a_name_claimed_by_a_live_run_of_the_same_name_is_refused(tmp_path: Path
                                                "still going: give this run another run_name"):  # fmt: skip
             asyncio.run(refresh(server.url, ours))
         assert server.adapters == {"exp-step0": str(live.broadcast(0).resolve())}  # its policy untouched
+
+
+def test_a_run_refuses_to_load_beside_another_version_of_its_name_that_a_live_run_serves(tmp_path: Path) -> None:
+    """The live run has moved on to step 1 and unloaded its step 0: this run must not take the free
+    name `exp-step0`, which would put two runs' policies under one name in turn (CI's race)."""
+    ours, live = run_with_adapter(tmp_path / "a" / "exp"), run_with_adapter(tmp_path / "b" / "exp")
+    live.hold_lock()
+    with FakeVLLM() as server:
+        server.adapters["exp-step1"] = str(live.broadcast(1).resolve())
+        with pytest.raises(AdapterNameInUse, match="serves exp-step1 for the run in .*, which is still going"):
+            asyncio.run(refresh(server.url, ours))
+        assert server.adapters == {"exp-step1": str(live.broadcast(1).resolve())}
 
 
 def test_a_name_left_by_an_ended_run_is_replaced(tmp_path: Path) -> None:

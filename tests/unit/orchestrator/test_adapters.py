@@ -23,6 +23,7 @@ class Pool:
 
     def __init__(self, load_s: float) -> None:
         self.load_s, self.loaded = load_s, []
+        self.workers: list[object] = []  # so none serves another run's adapters
 
     async def load_adapter(self, name: str, path: str) -> None:
         await asyncio.sleep(self.load_s)

@@ -24,12 +24,19 @@ TOKENIZER = build_tokenizer()
 ANSWERS = ("abcdefghijklmnopqrstuvwxyz", "")  # sample i of a request answers ANSWERS[i % 2]
 
 
+class EmptyWorker:
+    """A worker that serves no adapter of another run."""
+
+    async def models(self) -> list[dict[str, Any]]:
+        return []
+
+
 class InstantPool:
     """Answers every request at once: half of each group with the alphabet (some reward on every
     reverse_text example), half with nothing (none), so no group is tied; keeps the adapters loaded."""
 
     def __init__(self) -> None:
-        self.workers = [object()]
+        self.workers = [EmptyWorker()]
         self.loaded: set[str] = set()
         self.closed = False
         self.outages = self.stalls = 0
