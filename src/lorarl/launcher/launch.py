@@ -108,6 +108,10 @@ def supervise(
         cfg.monitor.stall_warning,
         cfg.monitor.stall_stop,
         lambda role: (supervisor.log_path(role), supervisor.tail(role)),
+        policy_written=lambda: any(
+            view.latest_stable_broadcast() is not None
+            for view in [run.for_variant(v.name) for v in cfg.variants] or [run]
+        ),
     )
     restarts: Counter[str] = Counter()
     while True:

@@ -5,8 +5,10 @@ A frozen trainer, a vLLM worker that stopped answering, a reward function that n
 leaves every process alive, so exit codes never show it. What does show is that metrics.jsonl gets
 no new step. The step rows tell whom the run waits on: an orchestrator row ahead of the trainer's
 means its batch is ready and the trainer has not finished it; otherwise the orchestrator has not
-made the next batch (its workers, environments or rewards). The waited-on process's log says the
-rest, so the line quotes its age and last line (inference/pool.py names a stalled worker there,
+made the next batch (its workers, environments or rewards), except before the trainer has written
+the starting policy, which the orchestrator needs to sample at all: the trainer is still loading the
+model (minutes for a large one), and the line says so. The waited-on process's log says the rest,
+so the line quotes its age and last line (inference/pool.py names a stalled worker there,
 orchestrator/reward_calls.py the oldest running reward call).
 """
 
@@ -26,6 +28,7 @@ class StallWatch:
     stop_s: float | None
     log_of: Callable[[str], tuple[Path, str]]  # a role's log path and its last lines
     clock: Callable[[], float] = time.monotonic
+    policy_written: Callable[[], bool] = lambda: True  # whether the trainer has written a policy to sample
     _latest: dict[str, int] = field(default_factory=dict)
     _since: float = 0.0
     _warned: float = 0.0
@@ -58,6 +61,8 @@ class StallWatch:
         trainer, orchestrator = self._latest.get("trainer", 0), self._latest.get("orchestrator", 0)
         if orchestrator > trainer:
             role, what = "trainer", f"step {trainer + 1} (its batch is ready)"
+        elif not self.policy_written():
+            role, what = "trainer", "the starting policy (it loads the model, then writes it)"
         else:
             role, what = "orchestrator", f"the batch of step {orchestrator + 1}"
         return f"no step for {_duration(waited)}: waiting on the {role} for {what}; {self._log_line(role)}"

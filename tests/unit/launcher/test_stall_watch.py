@@ -53,6 +53,21 @@ def test_the_orchestrator_is_named_while_the_next_batch_is_not_made(tmp_path: Pa
     assert "orchestrator.log not found" in said  # no log yet: said, not a traceback
 
 
+def test_before_the_starting_policy_is_written_the_trainer_loading_the_model_is_named(tmp_path: Path) -> None:
+    """No step yet and no policy to sample: the orchestrator waits on the trainer, not the other way."""
+    clock, written = Clock(), [False]
+    w = watch(tmp_path, clock)
+    w.policy_written = lambda: written[0]
+    w.steps({})
+    clock.now += 60
+    said, _ = w.check()
+    assert said is not None and "waiting on the trainer for the starting policy (it loads the model" in said
+    written[0] = True
+    clock.now += 60
+    said, _ = w.check()
+    assert said is not None and "waiting on the orchestrator for the batch of step 1" in said
+
+
 def test_a_new_step_resets_the_wait_and_the_stop_comes_after_stall_stop(tmp_path: Path) -> None:
     clock = Clock()
     w = watch(tmp_path, clock)
