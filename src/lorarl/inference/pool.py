@@ -154,6 +154,17 @@ class WorkerPool:
         if self.served_check is not None:
             await self.served_check(worker, name, path)
 
+    async def served(self) -> list[tuple[InferenceClient, list[dict[str, Any]]]]:
+        """What each routable worker serves (GET /v1/models); one that does not answer is taken out of
+        routing, as by any other call, and left out."""
+        found: list[tuple[InferenceClient, list[dict[str, Any]]]] = []
+
+        async def ask(worker: InferenceClient) -> None:
+            found.append((worker, await worker.models()))
+
+        await self._on_routable(ask)
+        return found
+
     def exclude(self, worker: InferenceClient, name: str) -> None:
         """Send no more requests for adapter `name` to `worker` while others can take them."""
         self.excluded.setdefault(name, set()).add(worker)

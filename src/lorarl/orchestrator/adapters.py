@@ -66,8 +66,8 @@ class AdapterWatcher:
         """(worker, adapter name) of every adapter of this run name the workers serve; raises
         AdapterNameInUse if one belongs to a run of another folder that is still going."""
         served = []
-        for worker in self.pool.workers:
-            for model in await worker.models():
+        for worker, models in await self.pool.served():  # a stalled worker is routed around, not asked
+            for model in models:
                 name, root = model["id"], model.get("root")
                 if model.get("parent") and name.startswith(f"{self.run_name}-step") and root:
                     self._refuse_if_live(worker.base_url, name, root)

@@ -60,3 +60,23 @@ def test_a_name_left_by_an_ended_run_is_replaced(tmp_path: Path) -> None:
         server.adapters["exp-step0"] = str(ended.broadcast(0).resolve())
         asyncio.run(refresh(server.url, ours))
         assert server.adapters == {"exp-step0": str(ours.broadcast(0).resolve())}
+
+
+def test_a_frozen_worker_is_routed_around_by_the_check_not_waited_on(tmp_path: Path) -> None:
+    """The check before each load asks every routable worker what it serves: one that does not answer
+    is taken out of routing, as by any other request, and the version loads on the others (an
+    integration run crashed on WorkerStalled when the check asked every worker)."""
+    ours = run_with_adapter(tmp_path / "exp")
+
+    async def load() -> list[str]:
+        pool = WorkerPool([healthy.url, frozen.url], timeout=0.5)
+        try:
+            await AdapterWatcher(pool, ours, "exp").refresh()
+            return [w.base_url for w in pool.routable]
+        finally:
+            await pool.close()
+
+    with FakeVLLM() as healthy, FakeVLLM() as frozen:
+        frozen.frozen.set()
+        assert asyncio.run(load()) == [healthy.url]
+        assert healthy.adapters == {"exp-step0": str(ours.broadcast(0).resolve())}

@@ -31,8 +31,13 @@ class Worker:
 
 
 class Pool:
+    """`WorkerPool.served` over one worker."""
+
     def __init__(self, worker: Worker) -> None:
-        self.workers = [worker]
+        self.worker = worker
+
+    async def served(self) -> list[tuple[Worker, list[dict[str, Any]]]]:
+        return [(self.worker, await self.worker.models())]
 
 
 def run_folder(root: Path) -> RunFolder:

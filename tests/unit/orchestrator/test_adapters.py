@@ -23,7 +23,9 @@ class Pool:
 
     def __init__(self, load_s: float) -> None:
         self.load_s, self.loaded = load_s, []
-        self.workers: list[object] = []  # so none serves another run's adapters
+
+    async def served(self) -> list[tuple[object, list[object]]]:
+        return []  # no adapter of another run
 
     async def load_adapter(self, name: str, path: str) -> None:
         await asyncio.sleep(self.load_s)

@@ -24,25 +24,21 @@ TOKENIZER = build_tokenizer()
 ANSWERS = ("abcdefghijklmnopqrstuvwxyz", "")  # sample i of a request answers ANSWERS[i % 2]
 
 
-class EmptyWorker:
-    """A worker that serves no adapter of another run."""
-
-    async def models(self) -> list[dict[str, Any]]:
-        return []
-
-
 class InstantPool:
     """Answers every request at once: half of each group with the alphabet (some reward on every
     reverse_text example), half with nothing (none), so no group is tied; keeps the adapters loaded."""
 
     def __init__(self) -> None:
-        self.workers = [EmptyWorker()]
+        self.workers = [object()]
         self.loaded: set[str] = set()
         self.closed = False
         self.outages = self.stalls = 0
 
     def busy_seconds(self) -> float:
         return 0.0
+
+    async def served(self) -> list[tuple[object, list[dict[str, Any]]]]:
+        return []  # no adapter of another run
 
     async def load_adapter(self, name: str, path: str) -> None:
         self.loaded.add(name)
