@@ -24,7 +24,7 @@ from tinker import types
 
 from lorarl.serve.auth import Keys, Unauthorized
 from lorarl.serve.ops import BadRequest
-from lorarl.serve.service import NotFound, Service
+from lorarl.serve.service import NotFound, Service, SessionFinished
 from lorarl.serve.wire import decode_forward_backward
 
 log = logging.getLogger("lorarl.serve")
@@ -98,6 +98,8 @@ def _errors(keys: Keys) -> Any:
             return _detail(400, _one_line(e))
         except NotFound as e:
             return _detail(404, str(e))
+        except SessionFinished as e:
+            return _detail(410, str(e))
         except web.HTTPException as e:
             return _detail(e.status, e.reason or "")
         except Exception as e:  # a server error: said at once, not a 5xx the SDK would retry for minutes

@@ -48,6 +48,11 @@ class NotFound(Exception):
     """An id this owner does not have (another owner's too); str() is one line."""
 
 
+class SessionFinished(Exception):
+    """A heartbeat of a session that was finished (HTTP 410, on which the SDK stops its heartbeat loop;
+    on any other error it retries every 10 s and warns after two minutes, forever)."""
+
+
 class Service:
     def __init__(
         self,
@@ -99,7 +104,9 @@ class Service:
 
     def heartbeat(self, session: str, owner: str) -> None:
         if not self.store.heartbeat(session, owner):
-            raise NotFound(f"session {session!r} not found (or finished)")
+            if self.store.session_exists(session, owner):
+                raise SessionFinished(f"session {session!r} has finished")
+            raise NotFound(f"session {session!r} not found")
 
     def finish_session(self, session: str, owner: str) -> None:
         if not self.store.finish_session(session, owner):

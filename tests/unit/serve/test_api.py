@@ -92,3 +92,20 @@ def test_another_keys_session_is_not_found(tmp_path: Path) -> None:
         assert "not found" in await _detail(theirs, 404)
 
     _serve(tmp_path, calls)
+
+
+def test_a_finished_sessions_heartbeat_is_gone_so_the_sdk_stops_sending_it(tmp_path: Path) -> None:
+    """410, the answer on which the SDK's heartbeat loop ends (internal_client_holder.py): a 404 there
+    is retried every 10 s and warned about, for as long as the client lives."""
+
+    async def calls(client: TestClient[Any, Any]) -> None:
+        new = {"tags": [], "sdk_version": "0", "user_metadata": None}
+        session = (await (await client.post(f"{V1}/create_session", json=new, headers=KEY)).json())["session_id"]
+        finished = await client.post(f"{V1}/sessions/{session}/finish", json={"status": "success"}, headers=KEY)
+        assert finished.status == 200, await finished.text()
+        beat = await client.post(f"{V1}/session_heartbeat", json={"session_id": session}, headers=KEY)
+        assert "has finished" in await _detail(beat, 410)
+        unknown = await client.post(f"{V1}/session_heartbeat", json={"session_id": "nope"}, headers=KEY)
+        assert "not found" in await _detail(unknown, 404)
+
+    _serve(tmp_path, calls)
