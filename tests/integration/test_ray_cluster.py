@@ -1,6 +1,6 @@
-"""`rl` on a real multi-node Ray cluster in one box (`ray.cluster_utils.Cluster`): the trainer and
-the vLLM worker are pinned to different nodes through custom resources (cluster.trainer_resources,
-cluster.inference_resources), as node labels would on a real cluster."""
+"""`rl` and `lorarl-serve` on a real multi-node Ray cluster in one box (`ray.cluster_utils.Cluster`): the
+trainer and the vLLM worker are pinned to different nodes through custom resources
+(cluster.trainer_resources, cluster.inference_resources), as node labels would on a real cluster."""
 
 from __future__ import annotations
 
@@ -13,9 +13,12 @@ from typing import Any
 
 import psutil
 import pytest
+from tinker import types
 
-from tests.conftest import free_port
+from tests.conftest import API_KEY, free_port
 from tests.integration.helpers import rl_command, rl_config, run_rl, steps_logged, wait_for_trainer_steps, write_config
+from tests.integration.serve.conftest import running_server, serve_config
+from tests.integration.serve.test_sdk import batch, train
 
 pytestmark = pytest.mark.integration
 
@@ -43,22 +46,27 @@ def ray_nodes() -> Iterator[Nodes]:
         cluster.shutdown()
 
 
-def ray_config(tiny_model: Path, tmp_path: Path, nodes: Nodes, run_name: str, **overrides: Any) -> Path:
-    cfg = rl_config(tiny_model, tmp_path, run_name, **{"inference.port": free_port()}, **overrides)
-    cfg["cluster"] = {
+def on_the_nodes(nodes: Nodes) -> dict[str, Any]:
+    """[cluster]: the trainer on the trainer node, the vLLM worker on the inference node."""
+    return {
         "backend": "ray",
         "address": nodes.address,
         "trainer_resources": {"trainer_node": 1},
         "inference_resources": {"inference_node": 1},
-        **cfg.get("cluster", {}),
     }
+
+
+def ray_config(tiny_model: Path, tmp_path: Path, nodes: Nodes, run_name: str, **overrides: Any) -> Path:
+    cfg = rl_config(tiny_model, tmp_path, run_name, **{"inference.port": free_port()}, **overrides)
+    cfg["cluster"] = on_the_nodes(nodes) | cfg.get("cluster", {})
     return write_config(cfg, tmp_path / f"{run_name}.json")
 
 
 def placed_nodes(run: Path) -> dict[str, str]:
     """process -> node id (as placement.txt shortens it)."""
     rows = (run / "configs" / "placement.txt").read_text().splitlines()[1:]
-    return {r.split()[0]: r.split()[1] for r in rows if r.split()[0] in ("inference-0", "trainer", "orchestrator")}
+    names = ("inference-0", "trainer", "orchestrator", "api")
+    return {r.split()[0]: r.split()[1] for r in rows if r.split()[0] in names}
 
 
 def assert_nothing_left_on_ray() -> None:
@@ -145,4 +153,37 @@ def test_a_failing_placed_process_stops_the_run_with_its_log_tail(
     result = run_rl(config, timeout=300)
     assert result.returncode == 1
     assert "inference-0 exited with code" in result.stderr and "--no-such-flag" in result.stderr  # its log's tail
+    assert_nothing_left_on_ray()
+
+
+def test_lorarl_serve_places_its_trainer_and_vllm_on_the_nodes_and_the_sdk_trains_and_samples(
+    tiny_model: Path, tmp_path: Path, ray_nodes: Nodes
+) -> None:
+    """The API where lorarl-serve runs reaches the trainer and the vLLM worker at their nodes' addresses;
+    the stock SDK trains and samples through them; SIGTERM leaves no process and no bundle."""
+    config = serve_config(tiny_model, tmp_path, "serve-ray")
+    cfg = json.loads(config.read_text())
+    cfg["inference"]["api_key"] = API_KEY
+    cfg["cluster"] = on_the_nodes(ray_nodes)
+    config.write_text(json.dumps(cfg))
+    with running_server(config, timeout=400) as server:
+        placed = placed_nodes(server.run_dir)
+        assert placed == {"inference-0": ray_nodes.inference[:12], "api": "local", "trainer": ray_nodes.trainer[:12]}
+        service = server.client()
+        base = service.get_server_capabilities().supported_models[0].model_name
+        client = service.create_lora_training_client(base_model=base, rank=8, seed=1).result()
+        losses = train(client, batch(0), steps=4)
+        assert losses[-1] < losses[0], losses
+        sampler = client.save_weights_and_get_sampling_client().result()
+        params = types.SamplingParams(max_tokens=4, temperature=1.0, seed=3)
+        result = sampler.sample(types.ModelInput.from_ints([11, 12, 13]), 2, params).result()
+        assert len(result.sequences) == 2 and all(1 <= len(s.tokens) <= 4 for s in result.sequences)
+        placed_processes = [
+            p for p in psutil.process_iter(["cmdline"])
+            if is_placed(p.info["cmdline"], server.run_dir, server.run_dir, cfg["inference"]["port"])
+        ]  # fmt: skip
+        assert len(placed_processes) >= 2  # the trainer and vLLM, children of the nodes' Ray workers
+    assert server.proc.returncode == 143  # SIGTERM, as Ctrl-C's 130
+    gone, alive = psutil.wait_procs(placed_processes, timeout=30)
+    assert not alive, [p.cmdline() for p in alive]
     assert_nothing_left_on_ray()

@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> None:
         from lorarl.quantized_base import ensure_served_base  # torch, bitsandbytes: only for a quantized base
 
         log.info("vLLM serves %s", ensure_served_base(cfg.model, folder.root))
-    raise SystemExit(serve(cfg, mode.resume, folder, specs))
+    raise SystemExit(serve(cfg, mode.resume, folder, specs, placement))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """`python -m lorarl.cli.serve_trainer @ config.json`: `lorarl-serve`'s trainer process. It loads the base
-model once (serve/engine.py), then takes operations from the API process on 127.0.0.1:serve.trainer_port
-(serve/rpc.py) until SIGTERM or SIGINT stops it.
+model once (serve/engine.py), then takes operations from the API process on serve.trainer_port (serve/rpc.py)
+until SIGTERM or SIGINT stops it: on 127.0.0.1, or where Ray placed it on its node's address
+(LORARL_SERVE_TRAINER_HOST, which the launcher sets).
 
 The launcher picks the port (serve.trainer_port > 0 here) and a key, handed over in the environment as
 LORARL_SERVE_AUTHKEY (hex): only a process that holds it can send work. Bad input ends it with one line
@@ -17,10 +18,9 @@ from types import FrameType
 from lorarl.cli.common import exit_with, load_or_exit, setup_logging
 from lorarl.config.serve import ServeConfig
 from lorarl.exit_codes import BAD_INPUT, for_signal
-from lorarl.serve.rpc import AUTHKEY_ENV, EngineError, serve_engine
+from lorarl.serve.rpc import AUTHKEY_ENV, HOST_ENV, LOOPBACK, EngineError, serve_engine
 
 log = logging.getLogger("lorarl.serve.trainer")
-HOST = "127.0.0.1"
 
 
 class Stopped(BaseException):
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
     from lorarl.serve.engine import Engine
 
     try:
-        serve_engine(Engine(cfg), (HOST, port), authkey)
+        serve_engine(Engine(cfg), (os.environ.get(HOST_ENV, LOOPBACK), port), authkey)
     except Stopped as e:
         log.info("%s: stopping", e)
         raise SystemExit(for_signal(e.signum)) from None

@@ -54,7 +54,7 @@ def launch(cfg: RLConfig, auto_resume: int, run: RunFolder, specs: list[ProcessS
     how often a dead trainer or orchestrator is resumed from the latest checkpoint (RLRunMode)."""
     signal.signal(signal.SIGINT, _stop)
     signal.signal(signal.SIGTERM, _stop)
-    supervisor: Supervisor | RayCluster = Supervisor(run.logs)
+    supervisor: Supervisor | RayCluster[RLConfig] = Supervisor(run.logs)
     try:
         if placement.ray:
             supervisor = RayCluster(cfg, run)

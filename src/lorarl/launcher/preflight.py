@@ -34,7 +34,7 @@ from lorarl.config.algorithms import CustomAdvantage, CustomLoss
 from lorarl.config.loader import json_object
 from lorarl.config.model import LoraConfig, ModelConfig
 from lorarl.config.run import RLConfig, RLRunMode, RunMode
-from lorarl.config.serve import ServeConfig
+from lorarl.config.serve import ServeConfig, WorkersConfig
 from lorarl.config.sft import SFTConfig
 from lorarl.inference.health import check_served_model
 from lorarl.inference.server import adapter_slots, given_max_loras
@@ -92,12 +92,7 @@ def check_rl(cfg: RLConfig, mode: RLRunMode) -> Placement:
         for url in cfg.inference.urls:
             check_served_model(url, cfg.model.name, cfg.inference.api_key)
         check_adapter_slots(cfg)
-        # On Ray, a dry run shows GPU bundles when this machine has GPUs (or pretends to); a run asks the cluster.
-        placement = (
-            ray_placement(cfg, plan_bundles(cfg, gpus > 0))
-            if cfg.cluster.backend == "ray"
-            else place(cfg, gpus, pretended=mode.dry_run_devices is not None)
-        )
+        placement = _placement(cfg, gpus, mode)
     except ValueError as e:  # PlacementError too
         raise PreflightError(str(e)) from None
     # The run's adapter, or each variant's (its effective config), named in the message.
@@ -115,6 +110,14 @@ def check_rl(cfg: RLConfig, mode: RLRunMode) -> Placement:
         check_ports(cfg.inference.host, cfg.inference.port, cfg.inference.num_workers)
     check_memory(lambda: rl_memory_plan(cfg, placement, mode.device_memory_gib, gpus))
     return placement
+
+
+def _placement(cfg: WorkersConfig, gpus: int, mode: RunMode) -> Placement:
+    """Where each process goes: on this machine's `gpus`, or in Ray bundles. On Ray, a dry run shows GPU
+    bundles when this machine has GPUs (or pretends to); a run asks the cluster."""
+    if cfg.cluster.backend == "ray":
+        return ray_placement(cfg, plan_bundles(cfg, gpus > 0))
+    return place(cfg, gpus, pretended=mode.dry_run_devices is not None)
 
 
 def check_adapter_slots(cfg: RLConfig) -> None:
@@ -162,7 +165,7 @@ def check_expert_lora_served(cfg: RLConfig, placement: Placement) -> None:
         )
 
 
-def check_cluster(cfg: RLConfig, auto_resume: int = 0) -> None:
+def check_cluster(cfg: WorkersConfig, auto_resume: int = 0) -> None:
     """[cluster] asks for something this config and machine can do (`auto_resume`: RLRunMode's)."""
     cluster, inf = cfg.cluster, cfg.inference
     if cluster.backend == "local":
@@ -199,10 +202,15 @@ def check_cluster(cfg: RLConfig, auto_resume: int = 0) -> None:
         )
     if not inf.urls and inf.api_key is None:
         raise PreflightError(
-            'inference.api_key is required with cluster.backend = "ray": the vLLM servers rl starts '
+            'inference.api_key is required with cluster.backend = "ray": the vLLM servers lorarl starts '
             "listen on their nodes' addresses, reachable from other machines"
         )
-    if not cluster.shared_fs and (auto_resume or cfg.resume is not None):
+    if not cluster.shared_fs and isinstance(cfg, ServeConfig):
+        raise PreflightError(
+            "cluster.shared_fs = false: lorarl-serve on Ray needs a run folder that every node mounts at the same "
+            "path (vLLM loads each tenant's sampler weights where the trainer writes them); put output_dir there"
+        )
+    if not cluster.shared_fs and isinstance(cfg, RLConfig) and (auto_resume or cfg.resume is not None):
         raise PreflightError(
             f"{'--resume' if cfg.resume is not None else '--auto_resume'}: with cluster.shared_fs = false the "
             "trainer's checkpoints stay on its node; resume needs a shared run folder (cluster.shared_fs = true)"
@@ -227,18 +235,17 @@ def check_serve(cfg: ServeConfig, mode: RunMode) -> Placement:
     """Every check of `lorarl-serve @ cfg` run as `mode`; returns where each process goes."""
     check_model(cfg.model.name)
     check_seq_len(cfg.model.name, cfg.seq_len)
-    if cfg.cluster.backend != "local":
-        raise PreflightError('cluster.backend = "ray": lorarl-serve runs on one machine for now; leave [cluster] out')
+    check_cluster(cfg)
     gpus = visible_gpus(mode)
     try:
         for url in cfg.inference.urls:
             check_served_model(url, cfg.model.name, cfg.inference.api_key)
-        placement = place(cfg, gpus, pretended=mode.dry_run_devices is not None)
+        placement = _placement(cfg, gpus, mode)
     except ValueError as e:  # PlacementError too
         raise PreflightError(str(e)) from None
     check_model_loads(cfg.model, placement.on_gpu)
     check_ports(cfg.serve.host, cfg.serve.port, 1, key="serve.port")
-    if not cfg.inference.urls:
+    if not cfg.inference.urls and cfg.cluster.backend == "local":  # Ray's workers listen on their own nodes
         check_ports(cfg.inference.host, cfg.inference.port, cfg.inference.num_workers)
     check_memory(lambda: serve_memory_plan(cfg, placement, mode.device_memory_gib))
     return placement

@@ -1,18 +1,19 @@
-"""The Ray placement group of an `rl` run (cluster.backend = "ray"): what each placed process asks
-of its node.
+"""The Ray placement group of an `rl` run or a `lorarl-serve` (cluster.backend = "ray"): what each
+placed process asks of its node.
 
 One bundle per vLLM worker (tensor_parallel_size GPUs, which a bundle keeps on one node, or one
 CPU on a cluster without GPUs) and one per trainer rank (a GPU, or a CPU), all in one placement
-group with the PACK strategy, so the trainer's ranks share as few nodes as fit. The orchestrator
-gets no bundle: it runs where `rl` runs. Pure, like placement.py: whether the bundles ask for GPUs
-is an argument, so `--dry-run` shows them without contacting a cluster.
+group with the PACK strategy, so the trainer's ranks share as few nodes as fit. The orchestrator (or
+`lorarl-serve`'s API) gets no bundle: it runs where the command runs. Pure, like placement.py:
+whether the bundles ask for GPUs is an argument, so `--dry-run` shows them without contacting a
+cluster.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from lorarl.config.run import RLConfig
+from lorarl.config.serve import ServeConfig, WorkersConfig
 from lorarl.launcher.placement import LOCAL, RAY, Placement, Slot
 from lorarl.run_folder import RunFolder
 
@@ -27,8 +28,9 @@ class Bundle:
         return "{" + ", ".join(f"{k}: {v:g}" for k, v in self.resources.items()) + "}"
 
 
-def plan_bundles(cfg: RLConfig, gpus: bool) -> list[Bundle]:
-    """The bundles of `rl @ cfg` on a Ray cluster with (`gpus`) or without GPUs, vLLM workers first."""
+def plan_bundles(cfg: WorkersConfig, gpus: bool) -> list[Bundle]:
+    """The bundles of `rl @ cfg` (or `lorarl-serve @ cfg`) on a Ray cluster with (`gpus`) or without
+    GPUs, vLLM workers first."""
     inf, cluster = cfg.inference, cfg.cluster
     worker = {"CPU": 1.0, "GPU": float(inf.tensor_parallel_size)} if gpus else {"CPU": 1.0}
     rank = {"CPU": 1.0, "GPU": 1.0} if gpus else {"CPU": 1.0}
@@ -40,7 +42,7 @@ def plan_bundles(cfg: RLConfig, gpus: bool) -> list[Bundle]:
     return bundles
 
 
-def ray_placement(cfg: RLConfig, bundles: list[Bundle], nodes: list[tuple[str, str]] | None = None) -> Placement:
+def ray_placement(cfg: WorkersConfig, bundles: list[Bundle], nodes: list[tuple[str, str]] | None = None) -> Placement:
     """The placement table of `bundles`; `nodes`: the (node id, address) Ray gave each bundle, once it has."""
     logs = RunFolder(cfg.run_dir).logs
     slots = []
@@ -55,8 +57,11 @@ def ray_placement(cfg: RLConfig, bundles: list[Bundle], nodes: list[tuple[str, s
             port = f"{host or 'its node'}:{cfg.inference.port + int(name.split('-')[1])}"
             what = bundles[mine[0]].describe()
         slots.append(Slot(name, ",".join(ids), (), port, logs / f"{name}.log", host, what))
-    orchestrator = Slot("orchestrator", LOCAL, (), "-", logs / "orchestrator.log", bundle="where rl runs")
-    slots.insert(len(slots) - 1 if slots and slots[-1].name == "trainer" else len(slots), orchestrator)
+    if isinstance(cfg, ServeConfig):  # the Tinker API, in lorarl-serve's own process
+        local = Slot("api", LOCAL, (), str(cfg.serve.port), logs / "serve.log", bundle="where lorarl-serve runs")
+    else:
+        local = Slot("orchestrator", LOCAL, (), "-", logs / "orchestrator.log", bundle="where rl runs")
+    slots.insert(len(slots) - 1 if slots and slots[-1].name == "trainer" else len(slots), local)
     return Placement(
         gpus=0,
         slots=tuple(slots),

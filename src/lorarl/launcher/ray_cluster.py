@@ -1,11 +1,12 @@
-"""`RayCluster`: the `Supervisor` of an `rl` run on a Ray cluster (cluster.backend = "ray").
+"""`RayCluster`: the `Supervisor` of an `rl` run or a `lorarl-serve` on a Ray cluster (cluster.backend = "ray").
 
 Each vLLM worker and each trainer rank gets a bundle of one placement group (ray_bundles.py) and, in
 it, a small actor, `ProcessHost`, that runs the very command `rl` runs locally (plan.py) with a
 `Supervisor` of its own on that node: same entry point, own process group, log in the run folder's
 logs/ (with cluster.shared_fs = false, in the node's copy, fetched at the end). The orchestrator
-stays a local subprocess, where `rl` runs. `launch.py` drives this class exactly as the local
-`Supervisor`, so failures, restarts, auto_resume and Ctrl-C behave the same; `stop_all` also
+stays a local subprocess, where `rl` runs (`lorarl-serve`'s API, in its own process there).
+`launch.py` (and launcher/serve.py) drive this class exactly as the local `Supervisor`, so
+failures, restarts, auto_resume and Ctrl-C behave the same; `stop_all` also
 removes every actor and the placement group, and stops Ray if `rl` started it. One thing differs: a
 process whose actor (its node) is lost is not restarted, since its bundle is gone with the node; the
 run stops with one line naming the node, to be resumed with `--resume` (`ClusterError`).
@@ -29,9 +30,10 @@ import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from lorarl.config.run import RLConfig
+from lorarl.config.serve import ServeConfig
 from lorarl.launcher.placement import Placement
 from lorarl.launcher.plan import ProcessSpec
 from lorarl.launcher.ray_bundles import Bundle, plan_bundles, ray_placement
@@ -42,6 +44,7 @@ from lorarl.written_files import record_written
 
 log = logging.getLogger("lorarl.rl")
 T = TypeVar("T")
+Config = TypeVar("Config", RLConfig, ServeConfig)  # rl's or lorarl-serve's
 
 
 class ClusterError(Exception):
@@ -144,11 +147,12 @@ class ProcessHost:
         return fn(*args)
 
 
-class RayCluster:
+class RayCluster(Generic[Config]):
     """The `Supervisor` interface over processes placed by Ray, and the orchestrator run locally."""
 
-    def __init__(self, cfg: RLConfig, run: RunFolder) -> None:
-        self.cfg, self.run = cfg, run
+    def __init__(self, cfg: Config, run: RunFolder) -> None:
+        self.cfg: Config = cfg
+        self.run = run
         self.local = Supervisor(run.logs)
         self.bundles: list[Bundle] = []
         self.hosts: list[Any] = []  # one ProcessHost actor per bundle
@@ -212,6 +216,7 @@ class RayCluster:
     def start_relay(self) -> None:
         """Give each node a run folder of its own, tell the orchestrator where the workers' are, and
         start carrying adapters, batches and metrics between them."""
+        assert isinstance(self.cfg, RLConfig), "lorarl-serve needs cluster.shared_fs (preflight)"
         node_dir = Path(os.path.abspath(self.cfg.cluster.node_dir))
         self.roots = [str(node_dir / node / self.cfg.run_name) for node, _ in self.nodes]
         inference = [i for i, b in enumerate(self.bundles) if b.process != "trainer"]
@@ -259,6 +264,12 @@ class RayCluster:
             for p in probes.values():
                 Path(p).unlink(missing_ok=True)
 
+    def free_port(self, name: str) -> int:
+        """A port free on the node of process `name` (its first bundle's)."""
+        import ray
+
+        return int(ray.get(self.hosts[self._mine(name)[0]].free_port.remote()))
+
     def _mine(self, name: str) -> list[int]:
         return [i for i, b in enumerate(self.bundles) if b.process == name]
 
@@ -273,7 +284,7 @@ class RayCluster:
             return
         env = dict(spec.env)
         if len(mine) > 1:  # trainer ranks, one process each; torch.distributed meets on rank 0's node
-            port = ray.get(self.hosts[mine[0]].free_port.remote())
+            port = self.free_port(spec.name)
             env |= {
                 "WORLD_SIZE": str(len(mine)),
                 "MASTER_ADDR": self.nodes[mine[0]][1],

@@ -6,6 +6,10 @@
   tenant's adapter, and takes work from the API over an authenticated local connection (rpc.py);
 * the Tinker API itself (api.py), in this process, on serve.host:serve.port.
 
+On a Ray cluster (cluster.backend = "ray", with a run folder every node mounts) the workers and the
+trainer are placed in bundles on its nodes, as `rl`'s are (ray_cluster.py), and the API stays here:
+it reaches the workers and the trainer at their nodes' addresses.
+
 A worker that dies is started again (inference.max_restarts, as in `rl`); while it is out the sampler
 routes around it. A trainer that dies ends the server: every tenant's state since its last save is
 gone with it, and `lorarl-serve --resume` continues from the saved ones. Ctrl-C or SIGTERM stops every
@@ -30,9 +34,10 @@ from lorarl.inference.health import wait_until_healthy
 from lorarl.inference.server import serve_adapters, vllm_command, vllm_env, worker_urls
 from lorarl.launcher.placement import Placement, cuda_visible_devices
 from lorarl.launcher.plan import ProcessSpec
+from lorarl.launcher.ray_cluster import ClusterError, RayCluster  # imports Ray only once a server uses it
 from lorarl.launcher.supervisor import Supervisor
 from lorarl.serve.folder import ServeFolder
-from lorarl.serve.rpc import AUTHKEY_ENV
+from lorarl.serve.rpc import AUTHKEY_ENV, HOST_ENV, LOOPBACK
 from lorarl.written_files import record_written
 
 log = logging.getLogger("lorarl.serve")
@@ -44,14 +49,17 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def plan_serve(cfg: ServeConfig, folder: ServeFolder, placement: Placement) -> list[ProcessSpec]:
-    """Write configs/trainer.json (the trainer's port resolved), commands.txt and placement.txt; return
-    the processes in start order: the vLLM workers, then the trainer."""
+def plan_serve(
+    cfg: ServeConfig, folder: ServeFolder, placement: Placement, trainer_port: int | None = None
+) -> list[ProcessSpec]:
+    """Write configs/trainer.json (the trainer's port resolved: serve.trainer_port, or `trainer_port`, or a
+    free one here), commands.txt and placement.txt; return the processes in start order: the vLLM workers,
+    then the trainer. Once Ray has placed them, each listens on its node's address."""
     folder.configs.mkdir(parents=True, exist_ok=True)
     cfg = cfg.model_copy(deep=True)  # resolved values go to the trainer's config, not the user's object
     if cfg.serve.trainer_port == 0:
-        cfg.serve.trainer_port = free_port()
-    if not placement.on_gpu and not cfg.inference.urls and cfg.trainer.num_threads is None:
+        cfg.serve.trainer_port = trainer_port or free_port()
+    if not placement.on_gpu and not cfg.inference.urls and cfg.trainer.num_threads is None and not placement.ray:
         cfg.trainer.num_threads = trainer_threads(cfg, len(available_cores()))  # the cores vLLM leaves
     trainer_json = folder.configs / "trainer.json"
     trainer_json.write_text(json.dumps(cfg.model_dump(mode="json"), indent=2) + "\n")
@@ -59,19 +67,21 @@ def plan_serve(cfg: ServeConfig, folder: ServeFolder, placement: Placement) -> l
     def gpus(name: str) -> str | None:
         return cuda_visible_devices(placement[name].gpus, None) if placement.on_gpu else None
 
-    adapters = serve_adapters(cfg)
+    adapters, hosts = serve_adapters(cfg), placement.worker_hosts()
     # A tenant's seeded sample with chunked prefill kills vLLM's CPU engine (VLLM_NOTES.md): off on a CPU.
     no_chunks = [] if placement.on_gpu else ["--no-enable-chunked-prefill"]
     specs = [
         ProcessSpec(
             f"inference-{i}",
-            [*vllm_command(cfg, adapters, i, gpus=placement.gpus), *no_chunks],
+            [*vllm_command(cfg, adapters, i, hosts[i] if hosts else None, gpus=placement.gpus), *no_chunks],
             vllm_env(cfg, gpus(f"inference-{i}")),
             role="inference",
         )
         for i in range(0 if cfg.inference.urls else cfg.inference.num_workers)
     ]
     trainer_env = {"CUDA_VISIBLE_DEVICES": devices} if (devices := gpus("trainer")) else {}
+    if (host := placement["trainer"].host) is not None:
+        trainer_env[HOST_ENV] = host
     trainer_cmd = [sys.executable, "-m", "lorarl.cli.serve_trainer", "@", str(trainer_json)]
     specs.append(ProcessSpec("trainer", trainer_cmd, trainer_env, role="trainer"))
     (folder.configs / "commands.txt").write_text("".join(f"# {s.name}\n{s.shell()}\n" for s in specs))
@@ -80,11 +90,23 @@ def plan_serve(cfg: ServeConfig, folder: ServeFolder, placement: Placement) -> l
     return specs
 
 
-def serve(cfg: ServeConfig, resume: bool, folder: ServeFolder, specs: list[ProcessSpec]) -> int:
-    """Start every process, serve until stopped or a process fails for good; the exit code."""
-    supervisor = Supervisor(folder.logs)
+def serve(cfg: ServeConfig, resume: bool, folder: ServeFolder, specs: list[ProcessSpec], placement: Placement) -> int:
+    """Start every process (placed by Ray first, if `placement` says so), serve until stopped or a process
+    fails for good; the exit code."""
+    supervisor: Supervisor | RayCluster[ServeConfig] = Supervisor(folder.logs)
     try:
-        return asyncio.run(_serve(cfg, resume, folder, specs, supervisor))
+        if placement.ray:
+            supervisor = RayCluster(cfg, folder)
+            log.info("placing the server on Ray (%s)", cfg.cluster.address or "a Ray instance of its own")
+            placement = supervisor.open()
+            specs = plan_serve(cfg, folder, placement, supervisor.free_port("trainer"))  # at the nodes' addresses
+            log.info("placement (%s):\n%s", folder.configs / "placement.txt", placement.table().rstrip())
+        return asyncio.run(_serve(cfg, resume, folder, specs, supervisor, placement))
+    except ClusterError as e:
+        log.error("%s", e)
+        return exit_codes.FAILED
+    except KeyboardInterrupt:  # while Ray places the processes; once serving, the loop's handler has it
+        return exit_codes.for_signal(signal.SIGINT)
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C cannot leave orphans
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -92,7 +114,12 @@ def serve(cfg: ServeConfig, resume: bool, folder: ServeFolder, specs: list[Proce
 
 
 async def _serve(
-    cfg: ServeConfig, resume: bool, folder: ServeFolder, specs: list[ProcessSpec], supervisor: Supervisor
+    cfg: ServeConfig,
+    resume: bool,
+    folder: ServeFolder,
+    specs: list[ProcessSpec],
+    supervisor: Supervisor | RayCluster[ServeConfig],
+    placement: Placement,
 ) -> int:
     # The serving parts load only for a real start (aiohttp, the SDK's protobuf module, the trainer's client).
     from aiohttp import web
@@ -123,13 +150,13 @@ async def _serve(
         supervisor.start(spec)
     trainer.env[AUTHKEY_ENV] = authkey.hex()  # not in commands.txt: the trainer takes work from its holder only
     supervisor.start(trainer)
-    urls = worker_urls(cfg)
+    urls = worker_urls(cfg, placement.worker_hosts())
     log.info("waiting for vLLM at %s and the trainer", ", ".join(urls))
     alive = lambda: supervisor.failed() is None and not stop.is_set()  # noqa: E731
     try:
         await asyncio.to_thread(wait_until_healthy, urls, cfg.inference.startup_timeout, alive)
         trainer_cfg = json.loads((folder.configs / "trainer.json").read_text())
-        address = ("127.0.0.1", int(trainer_cfg["serve"]["trainer_port"]))
+        address = (placement["trainer"].host or LOOPBACK, int(trainer_cfg["serve"]["trainer_port"]))
         engine = await asyncio.to_thread(connect, address, authkey, cfg.inference.startup_timeout, alive)
     except (RuntimeError, TimeoutError) as e:  # EngineError is a RuntimeError
         if stopped_by:
@@ -176,7 +203,11 @@ async def _serve(
 
 
 async def _watch(
-    cfg: ServeConfig, supervisor: Supervisor, workers: list[ProcessSpec], stop: asyncio.Event, stopped_by: list[int]
+    cfg: ServeConfig,
+    supervisor: Supervisor | RayCluster[ServeConfig],
+    workers: list[ProcessSpec],
+    stop: asyncio.Event,
+    stopped_by: list[int],
 ) -> int:
     """Keep the workers up (restarting one that died, inference.max_restarts times); end when stopped or
     when the trainer, or a worker out of restarts, is gone."""

@@ -42,6 +42,9 @@ if TYPE_CHECKING:  # the API process imports this module without torch
 
 # The environment variable in which the launcher hands the trainer process the channel's key (hex).
 AUTHKEY_ENV = "LORARL_SERVE_AUTHKEY"
+# ... and the address it listens on: loopback, or its node's where Ray placed it (the key guards it).
+HOST_ENV = "LORARL_SERVE_TRAINER_HOST"
+LOOPBACK = "127.0.0.1"
 
 log = logging.getLogger("lorarl.serve.rpc")
 

@@ -18,7 +18,7 @@ import peft
 import pytest
 from transformers import AutoModelForCausalLM
 
-from lorarl.cli import inference, merge, orchestrator, plot, rl, sft, trainer
+from lorarl.cli import inference, merge, orchestrator, plot, rl, serve, sft, trainer
 from lorarl.run_folder import RunFolder
 from lorarl.tiny_model import save_tiny_model
 
@@ -74,6 +74,11 @@ def rl_args(*args: str, run_name: str = "new") -> Callable[[Workspace], list[str
                       *(fill(a, w) for a in args), "--dry-run"]  # fmt: skip
 
 
+def serve_args(*args: str) -> Callable[[Workspace], list[str]]:
+    return lambda w: ["--model.name", str(w.model), "--output_dir", str(w.out), "--run_name", "new-serve",
+                      *(fill(a, w) for a in args), "--dry-run"]  # fmt: skip
+
+
 def sft_args(*args: str, data: str = "{w.data}", run_name: str = "new-sft") -> Callable[[Workspace], list[str]]:
     return lambda w: ["--model.name", str(w.model), "--output_dir", str(w.out), "--run_name", run_name,
                       "--data.path", fill(data, w), *(fill(a, w) for a in args)]  # fmt: skip
@@ -92,6 +97,7 @@ COMMANDS = {
     "lorarl-trainer": trainer.main,
     "lorarl-orchestrator": orchestrator.main,
     "lorarl-inference": inference.main,
+    "lorarl-serve": serve.main,
 }
 
 

@@ -1,5 +1,6 @@
 """Bad input to what starts and places the processes: [cluster] (the Ray address in its wrong forms,
-timeouts, bundle resources, settings that need another backend) and `lorarl-inference --worker`. Each is
+timeouts, bundle resources, settings that need another backend; `rl`'s and `lorarl-serve`'s) and
+`lorarl-inference --worker`. Each is
 refused with exit code 2 and one line naming the key or flag at fault, no traceback, nothing written
 (see `bad_inputs.assert_refused`); `rl` cases run with `--dry-run`."""
 
@@ -9,7 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.unit.cli.bad_inputs import Case, Workspace, assert_refused, case_ids, rl_args
+from tests.unit.cli.bad_inputs import Case, Workspace, assert_refused, case_ids, rl_args, serve_args
 
 RAY = ("--cluster.backend", "ray", "--inference.api_key", "k")
 
@@ -49,6 +50,11 @@ CASES: list[Case] = [
     ("rl", ray_args("--inference.colocate_with_trainer"), "inference.colocate_with_trainer"),
     ("rl", ray_args("--trainer.gpu_ids", "[0]"), "trainer.gpu_ids = [0]"),
     ("rl", rl_args("--no-cluster.shared_fs"), "cluster.shared_fs = false is for"),
+    # lorarl-serve on Ray: the same [cluster], and a run folder every node mounts.
+    ("lorarl-serve", serve_args("--cluster.backend", "ray"), "inference.api_key is required"),
+    ("lorarl-serve", serve_args(*RAY, "--no-cluster.shared_fs"), "cluster.shared_fs = false: lorarl-serve on Ray"),
+    ("lorarl-serve", serve_args("--cluster.trainer_resources", '{"t": 1}'), "cluster.trainer_resources is for"),
+    ("lorarl-serve", serve_args(*RAY, "--cluster.address", "head"), "cluster.address 'head'"),
     # `lorarl-inference --worker i`: which of inference.num_workers to start.
     ("lorarl-inference", inference_args("--worker", "x"), "--worker x: expected a worker number"),
     ("lorarl-inference", inference_args("--worker"), "--worker: expected a worker number"),

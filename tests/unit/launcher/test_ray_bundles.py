@@ -9,10 +9,14 @@ from typing import Any
 import pytest
 
 from lorarl.config.run import RLConfig
+from lorarl.config.serve import ServeConfig
 from lorarl.launcher.plan import plan_run
 from lorarl.launcher.preflight import PreflightError, check_cluster
 from lorarl.launcher.ray_bundles import plan_bundles, ray_placement
+from lorarl.launcher.serve import plan_serve
 from lorarl.run_folder import RunFolder
+from lorarl.serve.folder import ServeFolder
+from lorarl.serve.rpc import HOST_ENV
 
 
 def cfg(tmp_path: Path, cluster: dict[str, Any] | None = None, **kw: Any) -> RLConfig:
@@ -63,6 +67,25 @@ def test_the_plan_points_the_orchestrator_at_the_placed_workers(tmp_path: Path) 
     # Each rank is a process of its own in its bundle: no torchrun, and no thread count from this machine.
     assert "torch.distributed.run" not in specs["trainer"].cmd
     assert json.loads((run.configs / "trainer.json").read_text())["trainer"]["num_threads"] is None
+
+
+def test_lorarl_serve_keeps_its_api_here_and_listens_at_the_nodes_ray_picked(tmp_path: Path) -> None:
+    """The API stays where lorarl-serve runs; the worker and the trainer listen on their nodes' addresses,
+    the trainer on the port found free there, and the API reaches them there."""
+    c = ServeConfig.model_validate({
+        "model": {"name": "m"}, "output_dir": str(tmp_path), "inference": {"api_key": "k", "port": 9000},
+        "cluster": {"backend": "ray"},
+    })  # fmt: skip
+    bundles = plan_bundles(c, gpus=False)
+    assert [b.process for b in bundles] == ["inference-0", "trainer"]
+    placement = ray_placement(c, bundles, [("a" * 40, "10.0.0.1"), ("b" * 40, "10.0.0.2")])
+    assert [(s.name, s.node) for s in placement.slots] == [("inference-0", "a" * 12), ("api", "local"),
+                                                            ("trainer", "b" * 12)]  # fmt: skip
+    specs = {s.name: s for s in plan_serve(c, ServeFolder(c.run_dir), placement, trainer_port=4321)}
+    assert "--host 10.0.0.1 --port 9000" in " ".join(specs["inference-0"].cmd)
+    assert specs["trainer"].env[HOST_ENV] == "10.0.0.2"
+    trainer = json.loads((c.run_dir / "configs" / "trainer.json").read_text())
+    assert trainer["serve"]["trainer_port"] == 4321 and trainer["trainer"]["num_threads"] is None
 
 
 @pytest.mark.parametrize(
