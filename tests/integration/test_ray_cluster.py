@@ -184,6 +184,7 @@ def test_lorarl_serve_places_its_trainer_and_vllm_on_the_nodes_and_the_sdk_train
         ]  # fmt: skip
         assert len(placed_processes) >= 2  # the trainer and vLLM, children of the nodes' Ray workers
     assert server.proc.returncode == 143  # SIGTERM, as Ctrl-C's 130
+    assert "placing the server on Ray" in (server.run_dir / "logs" / "serve.log").read_text()  # the API's log
     gone, alive = psutil.wait_procs(placed_processes, timeout=30)
     assert not alive, [p.cmdline() for p in alive]
     assert_nothing_left_on_ray()

@@ -7,12 +7,14 @@ import logging
 import os
 import signal
 import sys
+from pathlib import Path
 from typing import NoReturn, TypeVar
 
 from pydantic import BaseModel
 
 from lorarl.config.loader import ConfigError, load_config, load_run
 from lorarl.exit_codes import BAD_INPUT
+from lorarl.written_files import record_written
 
 T = TypeVar("T", bound=BaseModel)
 M = TypeVar("M", bound=BaseModel)
@@ -45,9 +47,24 @@ def setup_logging(component: str) -> None:
     """Progress (INFO) from rank 0 alone under torchrun; warnings from every rank."""
     logging.basicConfig(
         level=os.environ.get("LORARL_LOG_LEVEL", "INFO" if _speaks_for_the_ranks() else "WARNING"),
-        format=f"%(asctime)s {component} %(levelname)s %(message)s",
+        format=_format(component),
         datefmt="%H:%M:%S",
     )
+
+
+def also_log_to(path: Path, component: str) -> None:
+    """This process's log lines go to `path` too (appended, recorded as lorarl's), as they go to the
+    console: for a process that no launcher logs for, `lorarl-serve`'s API (logs/serve.log). `path` is
+    in a run folder that `prepare` found free of links."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter(_format(component), "%H:%M:%S"))
+    logging.getLogger().addHandler(handler)
+    record_written(path)
+
+
+def _format(component: str) -> str:
+    return f"%(asctime)s {component} %(levelname)s %(message)s"
 
 
 def _speaks_for_the_ranks() -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from lorarl.cli.common import exit_with, load_run_or_exit, setup_logging
+from lorarl.cli.common import also_log_to, exit_with, load_run_or_exit, setup_logging
 from lorarl.config.serve import ServeConfig, ServeRunMode
 from lorarl.exit_codes import BAD_INPUT
 from lorarl.launcher.memory_plan import serve_memory_plan
@@ -46,6 +46,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"# configs, placement.txt and memory_plan.txt in {folder.configs}/ (dry run: nothing started)")
         return
     folder.hold_lock()
+    also_log_to(folder.logs / "serve.log", "serve")  # what placement.txt names, and a server error points to
     if cfg.model.quantization != "none" and not cfg.inference.urls:
         from lorarl.quantized_base import ensure_served_base  # torch, bitsandbytes: only for a quantized base
 
