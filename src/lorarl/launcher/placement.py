@@ -142,10 +142,7 @@ def place(cfg: WorkersConfig, gpus: int, pretended: bool = False) -> Placement:
         Slot(f"inference-{i}", LOCAL, ids, str(inf.port + i), logs / f"inference-{i}.log")
         for i, ids in enumerate(workers)
     ]
-    if isinstance(cfg, ServeConfig):  # the Tinker API in `lorarl-serve`'s own process
-        slots.append(Slot("api", LOCAL, (), str(cfg.serve.port), logs / "serve.log"))
-    else:
-        slots.append(Slot("orchestrator", LOCAL, (), "-", logs / "orchestrator.log"))
+    slots.append(local_slot(cfg))
     rendezvous = "free (torchrun)" if trainer.parallel.dp > 1 else "-"
     slots.append(Slot("trainer", LOCAL, trainer_gpus, rendezvous, logs / "trainer.log"))
     shared = tuple(sorted(set(vllm) & set(trainer_gpus)))
@@ -163,6 +160,19 @@ def place(cfg: WorkersConfig, gpus: int, pretended: bool = False) -> Placement:
         pretended=pretended,
         time_share=time_share,
     )
+
+
+def local_slot(cfg: WorkersConfig, ray: bool = False) -> Slot:
+    """The process that runs where the command runs, never placed on a GPU or a Ray node: `rl`'s
+    orchestrator, or `lorarl-serve`'s Tinker API (in its own process)."""
+    logs = RunFolder(cfg.run_dir).logs
+    if isinstance(cfg, ServeConfig):
+        return Slot("api", LOCAL, (), str(cfg.serve.port), logs / "serve.log", bundle=_here("lorarl-serve", ray))
+    return Slot("orchestrator", LOCAL, (), "-", logs / "orchestrator.log", bundle=_here("rl", ray))
+
+
+def _here(command: str, ray: bool) -> str | None:
+    return f"where {command} runs" if ray else None
 
 
 def inference_gpus(cfg: WorkersConfig, gpus: int) -> list[tuple[int, ...]]:

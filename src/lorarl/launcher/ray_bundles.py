@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from lorarl.config.serve import ServeConfig, WorkersConfig
-from lorarl.launcher.placement import LOCAL, RAY, Placement, Slot
+from lorarl.config.serve import WorkersConfig
+from lorarl.launcher.placement import RAY, Placement, Slot, local_slot
 from lorarl.run_folder import RunFolder
 
 
@@ -57,11 +57,7 @@ def ray_placement(cfg: WorkersConfig, bundles: list[Bundle], nodes: list[tuple[s
             port = f"{host or 'its node'}:{cfg.inference.port + int(name.split('-')[1])}"
             what = bundles[mine[0]].describe()
         slots.append(Slot(name, ",".join(ids), (), port, logs / f"{name}.log", host, what))
-    if isinstance(cfg, ServeConfig):  # the Tinker API, in lorarl-serve's own process
-        local = Slot("api", LOCAL, (), str(cfg.serve.port), logs / "serve.log", bundle="where lorarl-serve runs")
-    else:
-        local = Slot("orchestrator", LOCAL, (), "-", logs / "orchestrator.log", bundle="where rl runs")
-    slots.insert(len(slots) - 1 if slots and slots[-1].name == "trainer" else len(slots), local)
+    slots.insert(len(slots) - 1 if slots and slots[-1].name == "trainer" else len(slots), local_slot(cfg, ray=True))
     return Placement(
         gpus=0,
         slots=tuple(slots),
