@@ -363,17 +363,13 @@ def vllm_parts(
 # ---- the plans of rl and sft ------------------------------------------------------------------
 
 
-def rl_memory_plan(
-    cfg: RLConfig, placement: Placement, device_memory_gib: float | None = None, gpus: int | None = None
-) -> MemoryPlan:
+def rl_memory_plan(cfg: RLConfig, placement: Placement, device_memory_gib: float | None = None) -> MemoryPlan:
     """The plan of every process of `rl @ cfg` placed as `placement`. `device_memory_gib`: each GPU's
-    memory as RunMode gives it (None: as `device_memory` finds it); `gpus`: this machine's GPUs, or those
-    a dry run pretends (None: the placement's)."""
+    memory as RunMode gives it (None: as `device_memory` finds it)."""
     shape = model_shape(cfg.model.name)
     if shape is None:
         return MemoryPlan(f"memory plan: none, the shape of {cfg.model.name} is unknown here (no config.json found)")
-    # Ray bundles ask for GPUs where this machine has them or a dry run pretends to (ray_bundles.py).
-    on_gpu = placement.on_gpu or (placement.ray and (gpus if gpus is not None else placement.gpus) > 0)
+    on_gpu = placement.device_gpus > 0
     device_gib, how = device_memory(device_memory_gib, placement.pretended) if on_gpu else (ram_gib(), "")
     plan = MemoryPlan(_header(shape, device_gib, how))
     adapter = _rl_adapter(cfg, shape)
@@ -574,7 +570,7 @@ def serve_memory_plan(cfg: ServeConfig, placement: Placement, device_memory_gib:
     shape = model_shape(cfg.model.name)
     if shape is None:
         return MemoryPlan(f"memory plan: none, the shape of {cfg.model.name} is unknown here (no config.json found)")
-    on_gpu = placement.on_gpu
+    on_gpu = placement.device_gpus > 0
     device_gib, how = device_memory(device_memory_gib, placement.pretended) if on_gpu else (ram_gib(), "")
     plan = MemoryPlan(_header(shape, device_gib, how))
     adapters = serve_adapters(cfg)

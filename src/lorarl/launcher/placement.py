@@ -60,6 +60,7 @@ class Placement:
     memory_fraction: float  # of each of its GPUs a vLLM server takes (--gpu-memory-utilization)
     pretended: bool = False  # gpus is a dry run's dry_run_devices, not this machine's
     ray: bool = False  # the slots are Ray bundles (cluster.backend = "ray"): Ray gives each its devices
+    ray_gpus: int = 0  # the GPUs those bundles ask for, all together (on their nodes, not this machine's)
     time_share: bool = False  # vLLM and the trainer take turns on what they share (inference.time_share)
 
     def __getitem__(self, name: str) -> Slot:
@@ -72,7 +73,13 @@ class Placement:
 
     @property
     def on_gpu(self) -> bool:
+        """This machine's GPUs (or a dry run's pretended ones) are placed: CUDA_VISIBLE_DEVICES per slot."""
         return self.gpus > 0
+
+    @property
+    def device_gpus(self) -> int:
+        """The GPUs the processes run on, here or on Ray's nodes; 0: the CPU path (pinned cores, CPU LoRA)."""
+        return self.gpus or self.ray_gpus
 
     def table(self) -> str:
         """The placement as a table (what `--dry-run` prints and configs/placement.txt holds)."""

@@ -79,7 +79,7 @@ def plan_run(cfg: RLConfig, run: RunFolder, placement: Placement) -> list[Proces
     specs = [
         ProcessSpec(
             f"inference-{i}",
-            worker_command(cfg, placement.gpus, i, hosts[i] if hosts else None),
+            worker_command(cfg, placement.device_gpus, i, hosts[i] if hosts else None),
             vllm_env(cfg, gpus(f"inference-{i}")),
             role="inference",
         )

@@ -108,7 +108,7 @@ def check_rl(cfg: RLConfig, mode: RLRunMode) -> Placement:
     warn_single_rollout_groups(cfg)
     if not cfg.inference.urls and cfg.cluster.backend == "local":  # Ray's workers listen on their own nodes
         check_ports(cfg.inference.host, cfg.inference.port, cfg.inference.num_workers)
-    check_memory(lambda: rl_memory_plan(cfg, placement, mode.device_memory_gib, gpus))
+    check_memory(lambda: rl_memory_plan(cfg, placement, mode.device_memory_gib))
     return placement
 
 

@@ -66,5 +66,6 @@ def ray_placement(cfg: WorkersConfig, bundles: list[Bundle], nodes: list[tuple[s
         idle=(),
         memory_fraction=0.0,
         ray=True,
+        ray_gpus=round(sum(b.resources.get("GPU", 0.0) for b in bundles)),
         time_share=bool(cfg.inference.time_share),  # workers on nodes of their own overlap by default
     )

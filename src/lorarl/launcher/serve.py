@@ -69,11 +69,11 @@ def plan_serve(
 
     adapters, hosts = serve_adapters(cfg), placement.worker_hosts()
     # A tenant's seeded sample with chunked prefill kills vLLM's CPU engine (VLLM_NOTES.md): off on a CPU.
-    no_chunks = [] if placement.on_gpu else ["--no-enable-chunked-prefill"]
+    no_chunks = [] if placement.device_gpus else ["--no-enable-chunked-prefill"]
     specs = [
         ProcessSpec(
             f"inference-{i}",
-            [*vllm_command(cfg, adapters, i, hosts[i] if hosts else None, gpus=placement.gpus), *no_chunks],
+            [*vllm_command(cfg, adapters, i, hosts[i] if hosts else None, gpus=placement.device_gpus), *no_chunks],
             vllm_env(cfg, gpus(f"inference-{i}")),
             role="inference",
         )

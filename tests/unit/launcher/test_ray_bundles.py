@@ -10,6 +10,7 @@ import pytest
 
 from lorarl.config.run import RLConfig
 from lorarl.config.serve import ServeConfig
+from lorarl.inference.server import CPU_LORA_EXTENSION
 from lorarl.launcher.plan import plan_run
 from lorarl.launcher.preflight import PreflightError, check_cluster
 from lorarl.launcher.ray_bundles import plan_bundles, ray_placement
@@ -86,6 +87,27 @@ def test_lorarl_serve_keeps_its_api_here_and_listens_at_the_nodes_ray_picked(tmp
     assert specs["trainer"].env[HOST_ENV] == "10.0.0.2"
     trainer = json.loads((c.run_dir / "configs" / "trainer.json").read_text())
     assert trainer["serve"]["trainer_port"] == 4321 and trainer["trainer"]["num_threads"] is None
+
+
+@pytest.mark.parametrize("gpus", [True, False])
+def test_vllm_on_gpu_bundles_is_started_for_gpus_and_on_cpu_bundles_for_a_cpu(tmp_path: Path, gpus: bool) -> None:
+    """Ray gives each bundle its devices, so this machine's GPUs say nothing: the bundles do. A worker
+    on a GPU node was pinned to this machine's cores and given the CPU LoRA ops."""
+    nodes = [("a" * 40, "10.0.0.1"), ("b" * 40, "10.0.0.2")]
+    c = cfg(tmp_path, inference={"tensor_parallel_size": 2})
+    placement = ray_placement(c, plan_bundles(c, gpus=gpus), nodes)
+    assert placement.device_gpus == (3 if gpus else 0) and not placement.on_gpu  # no CUDA_VISIBLE_DEVICES here
+    s = ServeConfig.model_validate({"model": {"name": "m"}, "output_dir": str(tmp_path / "s"),
+                                    "inference": {"api_key": "k", "port": 9000}, "cluster": {"backend": "ray"}})  # fmt: skip
+    served = ray_placement(s, plan_bundles(s, gpus=gpus), nodes)
+    commands = [
+        " ".join(plan_run(c, RunFolder(c.run_dir), placement)[0].cmd),
+        " ".join(plan_serve(s, ServeFolder(s.run_dir), served, trainer_port=4321)[0].cmd),
+    ]
+    for cmd in commands:
+        cpu_only = ("lorarl.cpu.cores", CPU_LORA_EXTENSION)
+        assert [part in cmd for part in cpu_only] == [not gpus] * 2, cmd
+    assert ("--no-enable-chunked-prefill" in commands[1]) == (not gpus)
 
 
 @pytest.mark.parametrize(
