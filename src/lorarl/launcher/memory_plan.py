@@ -9,7 +9,8 @@ and the adapter's counted the same way after PEFT wraps it. docs/memory_plan.md 
 their validation against measured peaks, and the plan of every configs/gpu recipe.
 
 The trainer (per rank): the weights (split over the ranks with parallel.fsdp, plus the layer being
-gathered; with model.quantization in NF4, plus the buffers each layer is dequantized into), the
+gathered; with model.quantization in NF4, plus the buffers each layer is dequantized into, and an
+MoE model's fused experts, which NF4 leaves in model.dtype), the
 trained parameters' gradients and AdamW state (a LoRA adapter in float32, or every weight), the
 activations of one forward pass of micro_batch_size x seq_len tokens (every layer's, or with
 gradient checkpointing each layer's input plus one layer's), the output head's float32
@@ -85,6 +86,7 @@ class ModelShape:
     intermediate: int
     vocab: int
     parameters: int
+    fused_experts: int = 0  # of those, in MoE experts fused into 3D tensors (transformers 5), which NF4 skips
 
     @property
     def layer_parameters(self) -> int:
@@ -178,6 +180,7 @@ def shape_from_config(config: PretrainedConfig, name: str, source: str) -> Model
     text = config.get_text_config()
     try:
         hidden, heads = text.hidden_size, text.num_attention_heads
+        parameters = list(meta_model(config).parameters())
         return ModelShape(
             name=name,
             source=source,
@@ -188,7 +191,8 @@ def shape_from_config(config: PretrainedConfig, name: str, source: str) -> Model
             head_dim=getattr(text, "head_dim", None) or hidden // heads,
             intermediate=text.intermediate_size,
             vocab=text.vocab_size,
-            parameters=_count(meta_model(config)),
+            parameters=sum(p.numel() for p in parameters),
+            fused_experts=sum(p.numel() for p in parameters if p.dim() > 2),
         )
     except (AttributeError, ValueError):
         return None
@@ -275,7 +279,10 @@ def trainer_parts(shape: ModelShape, work: TrainerWork) -> list[Part]:
     """The peak of one trainer rank: what it always holds, plus the larger of a forward/backward pass
     and the optimizer step's temporaries."""
     b = work.dtype_bytes
-    weights = shape.parameters * (NF4_BYTES_PER_PARAMETER if work.quantized else b) / work.shards
+    # NF4 quantizes the linear layers, the embeddings and the head; fused MoE experts stay in model.dtype.
+    experts = shape.fused_experts if work.quantized else 0
+    per_parameter = NF4_BYTES_PER_PARAMETER if work.quantized else b
+    weights = (shape.parameters - experts) * per_parameter / work.shards
     if work.shards > 1:
         weights += shape.layer_parameters * b  # the layer FSDP has gathered
     if work.adapter is None:  # gradients and AdamW's two moments, in the weights' dtype
@@ -287,6 +294,8 @@ def trainer_parts(shape: ModelShape, work: TrainerWork) -> list[Part]:
     activations, logits, mask = activation_bytes(shape, work), logits_bytes(shape, work), mask_bytes(shape, work)
     passing = activations + logits + mask
     parts = [Part("weights (nf4)" if work.quantized else "weights", weights / GIB)]
+    if experts:
+        parts.append(Part("experts (not quantized)", experts * b / work.shards / GIB))
     if work.quantized:
         parts.append(Part("dequantized", dequantized_bytes(shape, b) / GIB))
     parts += [

@@ -12,7 +12,14 @@ from lorarl.config.loader import load_config
 from lorarl.config.model import LoraConfig
 from lorarl.config.run import RLConfig
 from lorarl.inference.server import adapter_slots, served_lora_rank
-from lorarl.launcher.memory_plan import adapter_parameters, expert_lora, rl_memory_plan, serves_expert_lora
+from lorarl.launcher.memory_plan import (
+    NF4_BYTES_PER_PARAMETER,
+    adapter_parameters,
+    expert_lora,
+    model_shape,
+    rl_memory_plan,
+    serves_expert_lora,
+)
 from lorarl.launcher.placement import place
 from lorarl.launcher.plan import worker_command
 
@@ -52,3 +59,17 @@ def test_the_moe_recipe_fits_with_expert_lora_in_every_process() -> None:
     # Each of the adapter_slots in bf16 at vLLM's rank 16 (twice the adapter's), over tensor parallelism 2.
     slots = adapter_parameters(QWEN3_30B_A3B, cfg.lora) * 16 / 8 * adapter_slots(cfg) * 2 / 2 / 2**30
     assert abs(vllm["LoRA slots"] - slots) < 0.05
+
+
+@pytest.mark.slow
+def test_an_nf4_base_of_the_moe_model_counts_its_fused_experts_unquantized() -> None:
+    """bitsandbytes quantizes linear layers; transformers 5 fuses each layer's experts into 3D tensors,
+    which stay in model.dtype: 48 layers x 128 experts x 3 x 2048 x 768 of the 30.5B parameters."""
+    shape = model_shape(QWEN3_30B_A3B)
+    assert shape is not None and shape.fused_experts == 48 * 128 * 3 * 2048 * 768
+    cfg = load_config(RLConfig, ["@", str(RECIPE), "--model.quantization", "nf4"])
+    trainer = next(p for p in rl_memory_plan(cfg, place(cfg, 8)).processes if p.process == "trainer")
+    parts = {p.what: p.gib for p in trainer.parts}
+    assert abs(parts["experts (not quantized)"] - shape.fused_experts * 2 / 2**30) < 0.05  # bfloat16
+    rest = (shape.parameters - shape.fused_experts) * NF4_BYTES_PER_PARAMETER / 2**30
+    assert abs(parts["weights (nf4)"] - rest) < 0.05
