@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU acceptance at real shapes, under 6 minutes on one H200: random-weight models of Qwen3-0.6B's
+# GPU acceptance at real shapes, about 2 minutes a model on one H200: random-weight models of Qwen3-0.6B's
 # and Qwen3-4B's exact configs (vocabulary 151,936; built here by lorarl.tiny_model --shape, no hub
 # needed) each run a few bfloat16 `rl` steps through vLLM and the trainer, on-policy
 # (max_async_level 0), with completions of MAX_TOKENS tokens (random weights never stop early).
@@ -10,7 +10,8 @@
 # (scripts/gpu_acceptance_report.py). The 0.6B runs LoRA rank 8, the 4B rank 64 on the 7
 # projections (a 132M-parameter adapter to write, load and checkpoint every step). MODELS=moe (what
 # scripts/gpu_moe_acceptance.sh runs) is a small random Qwen3-MoE (4 layers of 8 experts, top-2) with LoRA
-# on attention and every expert, served by vLLM in PEFT's fused layout (docs/moe.md).
+# on attention and every expert, served by vLLM in PEFT's fused layout (docs/moe.md). 0.6B-nf4 is the
+# 0.6B run on its base in NF4 (model.quantization, docs/qlora.md): its logprob gap against the 0.6B's.
 #
 #   bash scripts/gpu_acceptance.sh             # 2+ GPUs: vLLM on GPU 0, the trainer on GPU 1
 #                                              # 1 GPU: both on GPU 0 (inference.colocate_with_trainer)
@@ -23,7 +24,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 OUT_DIR=${OUT_DIR:-outputs/gpu-acceptance}
-MODELS=${MODELS:-0.6B 4B}
+MODELS=${MODELS:-0.6B 0.6B-nf4 4B}
 STEPS=${STEPS:-3}
 MAX_TOKENS=${MAX_TOKENS:-1024}
 RUN_TIMEOUT=${RUN_TIMEOUT:-150}  # seconds per model: vLLM's start (~1 min eager) and STEPS steps
@@ -50,13 +51,15 @@ else
     pretend=()
 fi
 
-# name, hub shape (or "moe": lorarl.tiny_model's MoE), LoRA rank, micro-batch size (16 rollouts a step, 4 x 4)
+# name, hub shape (or "moe": lorarl.tiny_model's MoE), LoRA rank, micro-batch size (16 rollouts a step,
+# 4 x 4), model.quantization
 shape_of() {
     case $1 in
-        0.6B) echo "Qwen/Qwen3-0.6B 8 16" ;;
-        4B) echo "Qwen/Qwen3-4B 64 4" ;;
-        moe) echo "moe 8 16" ;;
-        *) echo "gpu_acceptance: unknown model $1 in MODELS (0.6B, 4B, moe)" >&2; return 1 ;;
+        0.6B) echo "Qwen/Qwen3-0.6B 8 16 none" ;;
+        0.6B-nf4) echo "Qwen/Qwen3-0.6B 8 16 nf4" ;;
+        4B) echo "Qwen/Qwen3-4B 64 4 none" ;;
+        moe) echo "moe 8 16 none" ;;
+        *) echo "gpu_acceptance: unknown model $1 in MODELS (0.6B, 0.6B-nf4, 4B, moe)" >&2; return 1 ;;
     esac
 }
 
@@ -65,12 +68,12 @@ shape_of() {
 # weights, and the 4B's would be 8 GB to build just for a plan). The MoE has no hub id: it is built
 # (63M parameters, seconds of CPU) for a dry run too.
 model_of() {
-    if $dry_run && [[ $2 != moe ]]; then echo "$2"; else echo "$OUT_DIR/models/$1"; fi
+    if $dry_run && [[ $2 != moe ]]; then echo "$2"; else echo "$OUT_DIR/models/${1%-nf4}"; fi
 }
 
 # Build model $1 of hub shape $2 unless its folder has it; the log in the folder's parent.
 build_model() {
-    local folder=$OUT_DIR/models/$1 shape=(--shape "$2" --dtype bfloat16)
+    local folder=$OUT_DIR/models/${1%-nf4} shape=(--shape "$2" --dtype bfloat16)
     # vLLM's GPU attention and MoE kernels take head_dim 128; float32 weights, run in bfloat16.
     [[ $2 != moe ]] || shape=(--hidden-size 1024 --head-dim 128 --num-layers 4 --num-experts 8)
     compgen -G "$folder/*.safetensors" >/dev/null ||
@@ -79,8 +82,9 @@ build_model() {
 
 # The `rl` flags of one model's run.
 rl_flags() {
-    local name=$1 folder=$2 rank=$3 micro=$4
+    local name=$1 folder=$2 rank=$3 micro=$4 quantization=$5
     flags=(@ configs/quickstart/rl.toml --model.name "$folder" --model.dtype bfloat16
+           --model.quantization "$quantization"
            --model.lora.rank "$rank" --model.lora.alpha "$((2 * rank))"
            --max_steps "$STEPS" --seq_len "$((MAX_TOKENS + 128))"
            --orchestrator.sampling.max_tokens "$MAX_TOKENS" --orchestrator.batch_size 16
@@ -116,18 +120,19 @@ mkdir -p "$OUT_DIR/models"
 # minute of CPU), each run waiting for its own.
 declare -A builds
 for name in $MODELS; do
-    read -r shape _ _ < <(shape_of "$name") || exit 2
+    read -r shape _ _ _ < <(shape_of "$name") || exit 2
     [[ $(model_of "$name" "$shape") == "$shape" ]] && continue  # a dry run's hub id: nothing to build
+    [[ -z ${builds[${name%-nf4}]:-} ]] || continue  # 0.6B-nf4 runs on the 0.6B's folder
     build_model "$name" "$shape" &
-    builds[$name]=$!
+    builds[${name%-nf4}]=$!
 done
 failed=0
 for name in $MODELS; do
-    read -r shape rank micro < <(shape_of "$name")
+    read -r shape rank micro quantization < <(shape_of "$name")
     folder=$(model_of "$name" "$shape")
-    [[ -z ${builds[$name]:-} ]] || wait "${builds[$name]}" || { echo "gpu_acceptance: building $folder failed: $folder.build.log" >&2; exit 1; }
+    [[ -z ${builds[${name%-nf4}]:-} ]] || wait "${builds[${name%-nf4}]}" || { echo "gpu_acceptance: building $folder failed: $folder.build.log" >&2; exit 1; }
     echo "== qwen3-$name ($shape shape, random weights, $folder): placement and memory plan"
-    rl_flags "$name" "$folder" "$rank" "$micro"
+    rl_flags "$name" "$folder" "$rank" "$micro" "$quantization"
     # A hub id passes the checks only where a hub may be reached (none is asked: the shape is lorarl's).
     HF_HUB_OFFLINE=$($dry_run && echo 0 || echo 1) "$PY" -m lorarl.cli.rl "${flags[@]}" --dry-run "${pretend[@]}" | sed '/^# /,$d'
     $dry_run && continue

@@ -42,17 +42,21 @@ def dry_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 
 
 @pytest.mark.slow
-def test_the_dry_run_plans_both_shapes_on_one_gpu(dry_run: tuple[Path, str]) -> None:
+def test_the_dry_run_plans_both_shapes_on_one_gpu_and_the_small_one_in_nf4_too(dry_run: tuple[Path, str]) -> None:
     out, stdout = dry_run
     assert "596.0M parameters, vocab 151,936" in stdout and "4.02B parameters, vocab 151,936" in stdout
-    assert stdout.count("inference.colocate_with_trainer") == 2 and stdout.count("GPUs of 139 GiB") == 2
-    for name, hub_id in (("qwen3-0.6B", "Qwen/Qwen3-0.6B"), ("qwen3-4B", "Qwen/Qwen3-4B")):
+    assert stdout.count("inference.colocate_with_trainer") == 3 and stdout.count("GPUs of 139 GiB") == 3
+    runs = (("qwen3-0.6B", "Qwen/Qwen3-0.6B", "none"), ("qwen3-0.6B-nf4", "Qwen/Qwen3-0.6B", "nf4"),
+            ("qwen3-4B", "Qwen/Qwen3-4B", "none"))  # fmt: skip
+    for name, hub_id, quantization in runs:
         trainer = json.loads((out / name / "configs" / "trainer.json").read_text())
         assert trainer["model"]["name"] == hub_id  # planned from lorarl's shapes: no model built
+        assert trainer["model"]["quantization"] == quantization
         orchestrator = json.loads((out / name / "configs" / "orchestrator.json").read_text())
         assert trainer["model"]["dtype"] == "bfloat16" and trainer["trainer"]["ckpt"]["interval"] == 1
         assert orchestrator["orchestrator"]["max_async_level"] == 0
     assert json.loads((out / "qwen3-4B" / "configs" / "trainer.json").read_text())["model"]["lora"]["rank"] == 64
+    assert stdout.count("weights (nf4)") == 1  # the nf4 run's trainer plan
     assert not (out / "models").exists() or not any((out / "models").iterdir())
 
 
