@@ -156,16 +156,17 @@ def lora_args(adapters: Adapters, gpus: int, with_slots: bool = True) -> list[st
     return ["--enable-lora", "--max-lora-rank", str(adapters.max_rank), *slots, *cpu_ops, *fused]
 
 
-def vllm_env(cfg: WorkersConfig, gpus: str | None = None) -> dict[str, str]:
-    """The environment of one worker: `gpus` is its CUDA_VISIBLE_DEVICES (launcher/placement.py),
-    None on a machine without GPUs (then its KV cache and malloc's policy, cpu/host_memory.py). Full
+def vllm_env(cfg: WorkersConfig, gpus: str | None = None, on_gpu: bool = False) -> dict[str, str]:
+    """The environment of one worker: `gpus` is its CUDA_VISIBLE_DEVICES (launcher/placement.py); None
+    leaves the devices as they are, on GPUs Ray gave it (`on_gpu`) or on a CPU (then its KV cache and
+    malloc's policy, cpu/host_memory.py). Full
     fine-tuning reloads weights through /collective_rpc and /reset_prefix_cache, endpoints that vLLM
     serves in its dev mode only."""
     full = cfg.model.full_finetune
     env = {"VLLM_SERVER_DEV_MODE": "1"} if full else {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
     if gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpus
-    else:
+    elif not on_gpu:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.inference.kv_cache_gib)
         env |= malloc_tunables(cfg.keep_freed_memory)  # vLLM starts its engine's processes: they inherit it
     return env

@@ -80,7 +80,7 @@ def plan_run(cfg: RLConfig, run: RunFolder, placement: Placement) -> list[Proces
         ProcessSpec(
             f"inference-{i}",
             worker_command(cfg, placement.device_gpus, i, hosts[i] if hosts else None),
-            vllm_env(cfg, gpus(f"inference-{i}")),
+            vllm_env(cfg, gpus(f"inference-{i}"), on_gpu=placement.device_gpus > 0),
             role="inference",
         )
         for i in range(0 if cfg.inference.urls else cfg.inference.num_workers)

@@ -74,7 +74,7 @@ def plan_serve(
         ProcessSpec(
             f"inference-{i}",
             [*vllm_command(cfg, adapters, i, hosts[i] if hosts else None, gpus=placement.device_gpus), *no_chunks],
-            vllm_env(cfg, gpus(f"inference-{i}")),
+            vllm_env(cfg, gpus(f"inference-{i}"), on_gpu=placement.device_gpus > 0),
             role="inference",
         )
         for i in range(0 if cfg.inference.urls else cfg.inference.num_workers)

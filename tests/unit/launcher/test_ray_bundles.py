@@ -97,16 +97,19 @@ def test_vllm_on_gpu_bundles_is_started_for_gpus_and_on_cpu_bundles_for_a_cpu(tm
     c = cfg(tmp_path, inference={"tensor_parallel_size": 2})
     placement = ray_placement(c, plan_bundles(c, gpus=gpus), nodes)
     assert placement.device_gpus == (3 if gpus else 0) and not placement.on_gpu  # no CUDA_VISIBLE_DEVICES here
-    s = ServeConfig.model_validate({"model": {"name": "m"}, "output_dir": str(tmp_path / "s"),
-                                    "inference": {"api_key": "k", "port": 9000}, "cluster": {"backend": "ray"}})  # fmt: skip
+    s = ServeConfig.model_validate({
+        "model": {"name": "m"}, "output_dir": str(tmp_path / "s"), "cluster": {"backend": "ray"},
+        "inference": {"api_key": "k", "port": 9000},
+    })  # fmt: skip
     served = ray_placement(s, plan_bundles(s, gpus=gpus), nodes)
-    commands = [
-        " ".join(plan_run(c, RunFolder(c.run_dir), placement)[0].cmd),
-        " ".join(plan_serve(s, ServeFolder(s.run_dir), served, trainer_port=4321)[0].cmd),
-    ]
-    for cmd in commands:
+    workers = [plan_run(c, RunFolder(c.run_dir), placement)[0],
+               plan_serve(s, ServeFolder(s.run_dir), served, trainer_port=4321)[0]]  # fmt: skip
+    commands = [" ".join(w.cmd) for w in workers]
+    for worker, cmd in zip(workers, commands, strict=True):
         cpu_only = ("lorarl.cpu.cores", CPU_LORA_EXTENSION)
         assert [part in cmd for part in cpu_only] == [not gpus] * 2, cmd
+        assert ("VLLM_CPU_KVCACHE_SPACE" in worker.env) == (not gpus)  # Ray sets the GPUs' devices
+        assert "CUDA_VISIBLE_DEVICES" not in worker.env
     assert ("--no-enable-chunked-prefill" in commands[1]) == (not gpus)
 
 
