@@ -18,6 +18,8 @@ which `RunFolder.prepare` calls while no other process of the run is alive.
 lorarl never makes a symbolic link, so one found where it writes, records or removes was put there by
 someone else and leads to their files: the record is opened without following one (O_NOFOLLOW), and
 `links_under` / `link_in_way` find the others for the commands to refuse them (UnsafeEntry) first.
+Nor does it make a hard link, which a write in place (a log, a config) would go through to the other
+name's file: `links_under` finds those too.
 """
 
 from __future__ import annotations
@@ -45,35 +47,50 @@ class UnsafeEntry(OSError):
 
 
 def link_refusal(link: Path) -> UnsafeEntry:
-    """The one-line refusal of the symbolic link `link`."""
+    """The one-line refusal of the link `link`, symbolic or hard (is_link)."""
+    if not link.is_symlink():
+        return UnsafeEntry(
+            f"{link} is a hard link (one file with another name elsewhere), which lorarl did not make and "
+            "never writes through (it would change that other file): remove it, or choose another folder"
+        )
     return UnsafeEntry(
         f"{link} is a symbolic link, which lorarl did not make and never writes, records or removes through "
         "(it leads to someone else's files): remove the link, or choose another folder"
     )
 
 
+def is_link(path: Path) -> bool:
+    """A symbolic link, or a file with another name elsewhere (a hard link: writing it in place, as logs
+    and configs are written, would change the other name's contents too). lorarl makes neither."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISLNK(info.st_mode) or (stat.S_ISREG(info.st_mode) and info.st_nlink > 1)
+
+
 def links_under(root: Path, names: Iterable[str]) -> list[Path]:
-    """The symbolic links at `root/<name>`, or anywhere below it, for each of `names`, sorted."""
+    """The links (is_link) at `root/<name>`, or anywhere below it, for each of `names`, sorted."""
     found = []
     for name in names:
         path = root / name
-        if path.is_symlink():
+        if is_link(path):
             found.append(path)
         elif path.is_dir():
             for parent, dirs, files in os.walk(path):  # does not descend into a link to a folder
-                found += [Path(parent, n) for n in [*dirs, *files] if Path(parent, n).is_symlink()]
+                found += [Path(parent, n) for n in [*dirs, *files] if is_link(Path(parent, n))]
     return sorted(found)
 
 
 def link_in_way(dest: Path) -> Path | None:
-    """The first symbolic link among `dest` and the folders on its path below the folder whose record
+    """The first link (is_link) among `dest` and the folders on its path below the folder whose record
     covers it (below `dest`'s parent when none does): that folder and those above it are the user's
     choice of where to write, what lies below is lorarl's. None when there is none."""
     root = record_root(dest.parent) or dest.parent
     if not dest.is_relative_to(root):
         return None
     parts = dest.relative_to(root).parts
-    return next((p for i in range(len(parts)) if (p := root.joinpath(*parts[: i + 1])).is_symlink()), None)
+    return next((p for i in range(len(parts)) if is_link(p := root.joinpath(*parts[: i + 1]))), None)
 
 
 def record_problem(root: Path) -> str | None:
@@ -83,7 +100,7 @@ def record_problem(root: Path) -> str | None:
         mode = os.lstat(root / RECORD).st_mode
     except FileNotFoundError:
         return None
-    if stat.S_ISLNK(mode):
+    if is_link(root / RECORD):
         return str(link_refusal(root / RECORD))
     if not stat.S_ISREG(mode):
         return (

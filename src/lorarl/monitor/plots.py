@@ -27,7 +27,7 @@ from matplotlib.ticker import MaxNLocator
 from matplotlib.typing import LineStyleType
 
 from lorarl.run_folder import METRICS, RunFolder, unwritable
-from lorarl.written_files import link_in_way, link_refusal, record, record_root, written_files
+from lorarl.written_files import is_link, link_in_way, link_refusal, record, record_root, written_files
 
 OVERVIEW = "overview.png"
 # Line styles tell a panel's metrics apart when colours tell runs apart.
@@ -236,8 +236,10 @@ def check_out(out: Path, targets: Sequence[Path]) -> Path:
     if (link := link_in_way(out)) is not None:
         raise MetricsError(f"--out {out}: {link_refusal(link)}")
     root = record_root(out) or out
+    if links := [t for t in targets if is_link(t)]:
+        raise MetricsError(f"--out {out}: {link_refusal(links[0])}")
     mine = written_files(root)
-    if theirs := [t for t in targets if (t.exists() or t.is_symlink()) and t not in mine]:
+    if theirs := [t for t in targets if t.exists() and t not in mine]:
         raise MetricsError(
             f"--out {out}: {theirs[0].name} there was not written by lorarl-plot and would be replaced: it is "
             "left untouched; choose another --out"

@@ -1,4 +1,4 @@
-"""Bad input of one class: a symbolic link planted where lorarl writes, records or removes (a run
+"""Bad input of one class: a link (symbolic, or hard) planted where lorarl writes, records or removes (a run
 folder's configs/, logs/, checkpoints/, final/, plots/, a file in them, its record or its lock; a
 `lorarl-merge --out` or `lorarl-plot --out`). lorarl never makes a link, so each one leads to someone
 else's files: every command that would write, clear or move through it refuses it in one line naming
@@ -63,6 +63,13 @@ def plant(run: RunFolder, place: str, target: Path) -> None:
     path.symlink_to(target)
 
 
+def plant_hard(run: RunFolder, place: str, target: Path) -> None:
+    """A hard link at `place` in `run`: the user's file `target` under lorarl's name for its own."""
+    path = run.root / place
+    path.unlink()
+    path.hardlink_to(target)
+
+
 # run folder name -> (kind, the entry that becomes a link, what it leads to: a user's "folder" or "file").
 PLANTED = {
     "configs-to-folder": ("rl", "configs", "folder"),
@@ -96,6 +103,14 @@ PLANTED = {
     "sft-step-to-folder": ("sft", "checkpoints/step_2", "folder"),
     "half-to-folder": ("rl", "checkpoints/step_2/trainer", "folder"),
 }
+# run folder name -> (kind, the file that becomes a hard link to the user's file): written in place, it
+# would change the user's file.
+HARD = {
+    "config-hard": ("rl", "configs/trainer.json"),
+    "log-hard": ("sft", "logs/trainer.log"),
+    "record-hard": ("rl", RECORD),
+    "metrics-hard": ("rl", "metrics.jsonl"),
+}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -107,6 +122,8 @@ def planted(ws: Workspace) -> None:
     targets = {"folder": user, "file": ws.user / "chapter1.tex", "nowhere": links(ws) / "user" / "not-yet"}
     for name, (kind, place, target) in PLANTED.items():
         plant(finished_run(ws, name, kind), place, targets[target])
+    for name, (kind, place) in HARD.items():
+        plant_hard(finished_run(ws, name, kind), place, ws.user / "chapter1.tex")
     folder_record = finished_run(ws, "record-is-folder")  # a record that is a folder, not a file
     (folder_record.root / RECORD).unlink()
     (folder_record.root / RECORD / "x").mkdir(parents=True)
@@ -157,6 +174,7 @@ def merge_into(out: str, *more: str) -> Callable[[Workspace], list[str]]:
 
 
 IS_LINK = "is a symbolic link, which lorarl did not make"
+IS_HARD = "is a hard link (one file with another name elsewhere), which lorarl did not make"
 CASES: list[Case] = [
     # rl, dry runs included: a link anywhere it writes, clears or records.
     ("rl", in_run("configs-to-folder", "--overwrite"), f"configs-to-folder/configs {IS_LINK}"),
@@ -221,6 +239,13 @@ CASES: list[Case] = [
     ("rl", in_run("half-to-folder", "--resume", "--resume.step", "2"), f"step_2/trainer {IS_LINK}"),
     ("sft", in_run("sft-step-to-folder", "--resume", kind="sft"), f"checkpoints/step_2 {IS_LINK}"),
     ("sft", in_run("sft-step-to-folder", "--resume", "--dry-run", kind="sft"), f"checkpoints/step_2 {IS_LINK}"),
+    # A hard link where lorarl writes in place: a dry run rewrote the user's file behind configs/.
+    ("rl", in_run("config-hard", "--overwrite"), f"config-hard/configs/trainer.json {IS_HARD}"),
+    ("rl", in_run("config-hard", "--resume"), f"config-hard/configs/trainer.json {IS_HARD}"),
+    ("rl", in_run("record-hard", "--overwrite"), f"record-hard/{RECORD} {IS_HARD}"),
+    ("rl", in_run("metrics-hard", "--resume"), f"metrics-hard/metrics.jsonl {IS_HARD}"),
+    ("sft", in_run("log-hard", "--overwrite", kind="sft"), f"log-hard/logs/trainer.log {IS_HARD}"),
+    ("lorarl-trainer", alone("config-hard"), f"config-hard/configs/trainer.json {IS_HARD}"),
 ]
 
 
