@@ -347,11 +347,17 @@ class RunFolder:
 
     def check_prepared(self, command: str) -> None:
         """`command` (the trainer or the orchestrator, run alone) writes only into a folder lorarl
-        prepared: one with its marker."""
-        if self._read_marker() is None:
+        prepared for an `rl` run: one with its marker."""
+        marker = self._read_marker()
+        if marker is None:
             raise RunFolderError(
                 f"{self.root} is not a run folder (no {MARKER}): {command} run alone writes only into one that "
                 "`rl` prepared; run `rl --dry-run` with this config first, or check output_dir and run_name"
+            )
+        if marker.get("kind") != "rl":
+            raise RunFolderError(
+                f"{self.root} holds an `{marker.get('kind')}` run, not an `rl` run: {command} run alone writes only "
+                "into a folder `rl` prepared; choose another run_name"
             )
         self._refuse_links()
 
@@ -398,6 +404,8 @@ class RunFolder:
         remove_written(self.root, _REGENERATED)
 
     def _read_marker(self) -> dict[str, Any] | None:
+        if not self.marker.is_file():  # a FIFO would wait for a writer
+            return None
         try:
             marker = json.loads(self.marker.read_text())
         except (OSError, ValueError):

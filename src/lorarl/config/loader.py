@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 import tomllib
 import types
@@ -320,6 +321,9 @@ def _read_file(path: str) -> dict[str, Any]:
     if suffix not in (".toml", ".json"):
         raise ConfigError(f"{path}: config files must end in .toml or .json")
     try:
+        if not stat.S_ISREG(mode := os.stat(path).st_mode) and not stat.S_ISDIR(mode):
+            # A FIFO would wait for a writer, a device (/dev/zero) be read for ever.
+            raise ConfigError(f"{path}: not a regular file (a FIFO, socket or device): give a .toml or .json file")
         text = Path(path).read_text()
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
@@ -327,10 +331,14 @@ def _read_file(path: str) -> dict[str, Any]:
         raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
     except UnicodeDecodeError as e:
         raise ConfigError(f"{path}: not UTF-8 ({e.reason} at byte {e.start})") from None
+    if text.startswith("\ufeff"):
+        raise ConfigError(f"{path}: starts with a byte-order mark (BOM): save it as UTF-8 without one")
     try:
         data = tomllib.loads(text) if suffix == ".toml" else json.loads(text)
     except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
         raise ConfigError(f"{path}: invalid {suffix[1:].upper()}: {e}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to read (arrays or tables within each other)") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a table of config sections")
     return data

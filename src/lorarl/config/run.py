@@ -102,7 +102,14 @@ class RunFolderConfig(Section):
     @classmethod
     def _a_folder_for_runs(cls, value: Any) -> Any:
         # A run folder is cleared on --overwrite: it must not be '/' itself, nor the working directory by accident.
-        if isinstance(value, str | Path) and (str(value).strip() == "" or Path(value).resolve() == Path("/")):
+        if not isinstance(value, str | Path):
+            return value
+        try:
+            resolved = Path(value).resolve()
+        except (RuntimeError, OSError) as e:  # a loop of symbolic links; a name too long
+            why = getattr(e, "strerror", None) or e
+            raise ValueError(f"{str(value)!r} cannot be resolved ({why})") from None
+        if str(value).strip() == "" or resolved == Path("/"):
             raise ValueError(f"output_dir must be a folder for runs, not {str(value)!r}")
         return value
 

@@ -287,10 +287,14 @@ def check_model(name: str, key: str = "model.name") -> None:
     """`name` (given as `key`) is a model folder whose config.json parses, with weights and a tokenizer
     that loads, or, where a hub may be reached, a hub id."""
     path = Path(name)  # "~" was expanded with the config
-    if path.is_dir():
+    try:
+        is_dir, exists = path.is_dir(), path.exists()
+    except OSError as e:  # e.g. a name too long for the file system
+        raise PreflightError(f"{key}: {name[:100]}{'...' if len(name) > 100 else ''}: {e.strerror}") from None
+    if is_dir:
         check_model_folder(path, key)
         return
-    if path.exists():
+    if exists:
         raise PreflightError(f"{key}: {name} is a file, not a model folder")
     if os.environ.get("HF_HUB_OFFLINE") == "1" or not _HUB_ID.match(name):
         raise PreflightError(f"{key}: {name} not found (expected a Hugging Face model folder)")

@@ -213,7 +213,11 @@ class DataOrder:
 
 
 def _records(path: Path, split: str) -> Iterator[tuple[str, Any]]:
-    if not path.exists():
+    try:
+        exists = path.exists()
+    except OSError as e:  # e.g. a name too long for the file system
+        raise DataError(f"{str(path)[:100]}...: {e.strerror}") from None
+    if not exists:
         raise DataError(f"{path}: no such file or folder")
     if path.is_dir():
         yield from _folder_records(path, split)

@@ -37,13 +37,39 @@ def fifo(ws: Workspace) -> None:
     ws.write("rslora-string.json", '{"model": {"lora": {"use_rslora": "yes"}}}')
     ws.write("sft-packing-string.toml", "packing = '0'\n")
     ws.write("surrogate.json", '{"orchestrator": {"env": [{"id": "reverse_text", "args": {"words": ["ab\\udc00"]}}]}}')
+    # Fourth pass (a probe of new values): config files that are no file, or no file a reader can take.
+    if not (ws.root / "inputs" / "pipe.toml").exists():
+        os.mkfifo(ws.root / "inputs" / "pipe.toml")
+        (ws.root / "inputs" / "zeros.toml").symlink_to("/dev/zero")
+        (ws.root / "loop-a").symlink_to(ws.root / "loop-b")
+        (ws.root / "loop-b").symlink_to(ws.root / "loop-a")
+    ws.write("deep.toml", "a = " + "[" * 5000 + "]" * 5000 + "\n")
+    ws.write("bom.toml", "\ufeffmax_steps = 3\n")
+    sft_run = RunFolder(ws.out / "an-sft-run")
+    if not sft_run.marker.exists():
+        sft_run.prepare("sft", {}, resume=False, overwrite=False)
 
 
 def icepop(*more: str) -> tuple[str, ...]:
     return "--trainer.loss.mismatch_correction", "icepop", *more
 
 
+LONG = "/tmp/" + "x" * 5000  # a path no file system takes (ENAMETOOLONG)
 CASES: list[Case] = [
+    # Fourth pass: a FIFO waited for a writer, /dev/zero was read until killed, the rest were tracebacks.
+    ("rl", rl_args("@", "{w.root}/inputs/pipe.toml"), "pipe.toml: not a regular file (a FIFO, socket or device)"),
+    ("rl", rl_args("@", "{w.root}/inputs/zeros.toml"), "zeros.toml: not a regular file (a FIFO, socket or device)"),
+    ("rl", rl_args("@", "{w.root}/inputs/deep.toml"), "deep.toml: nested too deeply to read"),
+    ("rl", rl_args("@", "{w.root}/inputs/bom.toml"), "bom.toml: starts with a byte-order mark (BOM)"),
+    ("rl", lambda w: [*rl_args()(w), "--output_dir", str(w.root / "loop-a")], "loop-a' cannot be resolved (Symlink"),
+    ("rl", lambda w: [*rl_args()(w), "--model.name", LONG], "model.name: /tmp/xxx"),
+    ("sft", sft_args("--dry-run", data=LONG), "/tmp/xxxx"),
+    # The trainer alone wrote its starting adapter into an sft run's folder and its record.
+    (
+        "lorarl-trainer",
+        lambda w: ["--model.name", str(w.model), "--output_dir", str(w.out), "--run_name", "an-sft-run"],
+        "an-sft-run holds an `sft` run, not an `rl` run",
+    ),
     ("sft", sft_args(data="{w.root}/inputs/pipe.jsonl"), "pipe.jsonl: not a regular file"),
     ("sft", sft_args("--dry-run", data="{w.root}/inputs/pipe.jsonl"), "pipe.jsonl: not a regular file"),
     (
