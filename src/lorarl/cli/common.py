@@ -3,21 +3,29 @@ each ends on what it cannot go on with: one line, no traceback."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn, TypeVar
+from typing import NoReturn, Protocol, TypeVar
 
 from pydantic import BaseModel
 
 from lorarl.config.loader import ConfigError, load_config, load_run
-from lorarl.exit_codes import BAD_INPUT
+from lorarl.exit_codes import BAD_INPUT, for_signal
 from lorarl.written_files import record_written
 
 T = TypeVar("T", bound=BaseModel)
 M = TypeVar("M", bound=BaseModel)
+
+
+class Main(Protocol):
+    """A command's entry point: its arguments, or None for the command line's."""
+
+    def __call__(self, argv: list[str] | None = None) -> None: ...
 
 
 def load_or_exit(cls: type[T], argv: list[str] | None) -> T:
@@ -71,6 +79,25 @@ def _speaks_for_the_ranks() -> bool:
     """Not one of torchrun's ranks, or its rank 0: torchrun's ranks share a terminal (and in `rl` the
     trainer's log), so what every rank would say alike is said once."""
     return "TORCHELASTIC_RUN_ID" not in os.environ or os.environ.get("RANK") == "0"
+
+
+def ctrl_c_in_one_line(command: str) -> Callable[[Main], Main]:
+    """`command`'s main, ended by Ctrl-C before it has a handler of its own (while it checks, say) in
+    one line and exit code 130, not a KeyboardInterrupt's traceback. What it started by then stopped
+    on the way out (the launcher's `finally`)."""
+
+    def wrap(main: Main) -> Main:
+        @functools.wraps(main)
+        def run(argv: list[str] | None = None) -> None:
+            try:
+                main(argv)
+            except KeyboardInterrupt:
+                print(f"{command}: stopped by SIGINT", file=sys.stderr, flush=True)
+                raise SystemExit(for_signal(signal.SIGINT)) from None
+
+        return run
+
+    return wrap
 
 
 def stop_at_once_on_ctrl_c(role: str) -> None:

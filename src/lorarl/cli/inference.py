@@ -8,7 +8,7 @@ import shlex
 import sys
 from typing import NoReturn
 
-from lorarl.cli.common import load_run_or_exit
+from lorarl.cli.common import ctrl_c_in_one_line, load_run_or_exit
 from lorarl.config.run import RLConfig, RunMode
 from lorarl.exit_codes import BAD_INPUT
 from lorarl.inference.server import vllm_env
@@ -43,6 +43,7 @@ def take_worker(args: list[str]) -> int:
     return int(value)
 
 
+@ctrl_c_in_one_line("lorarl-inference")
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else list(argv)
     worker = take_worker(args)  # which of inference.num_workers to be: its port is inference.port + worker

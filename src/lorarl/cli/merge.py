@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from lorarl.cli.common import exit_with, setup_logging
+from lorarl.cli.common import ctrl_c_in_one_line, exit_with, setup_logging
 from lorarl.config.common import expand_user
 from lorarl.exit_codes import BAD_INPUT
 from lorarl.launcher.preflight import PreflightError
@@ -18,6 +18,7 @@ from lorarl.merge import merge
 from lorarl.run_folder import RunFolderError
 
 
+@ctrl_c_in_one_line("lorarl-merge")
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="lorarl-merge", description=__doc__, formatter_class=argparse.RawTextHelpFormatter

@@ -10,12 +10,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from lorarl.cli.common import exit_with
+from lorarl.cli.common import ctrl_c_in_one_line, exit_with
 from lorarl.config.common import expand_user
 from lorarl.exit_codes import BAD_INPUT
 from lorarl.monitor.plots import MetricsError, plot_runs
 
 
+@ctrl_c_in_one_line("lorarl-plot")
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="lorarl-plot", description=__doc__, formatter_class=argparse.RawTextHelpFormatter

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 
-from lorarl.cli.common import exit_with, load_run_or_exit, setup_logging
+from lorarl.cli.common import ctrl_c_in_one_line, exit_with, load_run_or_exit, setup_logging
 from lorarl.config.run import RLConfig, RLRunMode
 from lorarl.exit_codes import BAD_INPUT
 from lorarl.launcher.launch import launch
@@ -20,6 +20,7 @@ from lorarl.written_files import record_written
 log = logging.getLogger("lorarl.rl")
 
 
+@ctrl_c_in_one_line("rl")
 def main(argv: list[str] | None = None) -> None:
     cfg, mode = load_run_or_exit(RLConfig, RLRunMode, argv)
     setup_logging("rl")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from lorarl.cli.common import also_log_to, exit_with, load_run_or_exit, setup_logging
+from lorarl.cli.common import also_log_to, ctrl_c_in_one_line, exit_with, load_run_or_exit, setup_logging
 from lorarl.config.serve import ServeConfig, ServeRunMode
 from lorarl.exit_codes import BAD_INPUT
 from lorarl.launcher.memory_plan import serve_memory_plan
@@ -21,6 +21,7 @@ from lorarl.written_files import record_written
 log = logging.getLogger("lorarl.serve")
 
 
+@ctrl_c_in_one_line("lorarl-serve")
 def main(argv: list[str] | None = None) -> None:
     cfg, mode = load_run_or_exit(ServeConfig, ServeRunMode, argv)
     setup_logging("serve")

@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 
-from lorarl.cli.common import exit_with, load_run_or_exit, setup_logging
+from lorarl.cli.common import ctrl_c_in_one_line, exit_with, load_run_or_exit, setup_logging
 from lorarl.config.run import RunMode
 from lorarl.config.sft import SFTConfig
 from lorarl.exit_codes import BAD_INPUT, DISK_FULL, TRAINING_STOPPED
@@ -25,6 +25,7 @@ log = logging.getLogger("lorarl.sft")
 _PREPARED = "LORARL_SFT_RUN_PREPARED"
 
 
+@ctrl_c_in_one_line("sft")
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     cfg, mode = load_run_or_exit(SFTConfig, RunMode, args)

@@ -224,3 +224,23 @@ def test_a_role_alone_stops_on_ctrl_c_in_one_line_while_it_waits(
     assert proc.stderr is not None
     err = proc.stderr.read()
     assert f"{role}: stopped by SIGINT" in err and "Traceback" not in err, err[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["rl", "sft"])
+def test_ctrl_c_during_the_checks_is_one_line(tmp_path: Path, ws: Workspace, command: str) -> None:
+    """Ctrl-C 3 s into a dry run (its imports and checks, before any handler of its own) was a
+    KeyboardInterrupt's traceback."""
+    args = ["--model.name", str(ws.model), "--output_dir", str(tmp_path), "--run_name", "r", "--dry-run"]
+    args += ["--data.path", str(ws.data)] if command == "sft" else []
+    proc = subprocess.Popen([sys.executable, "-m", f"lorarl.cli.{command}", *args], stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(3)
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=10) == 128 + signal.SIGINT
+    finally:
+        proc.kill()
+    assert proc.stderr is not None
+    err = proc.stderr.read()
+    assert f"{command}: stopped by SIGINT" in err and "Traceback" not in err, err[-2000:]
