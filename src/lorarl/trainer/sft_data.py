@@ -64,7 +64,7 @@ def load_sft_data(cfg: SFTDataConfig, tokenizer: PreTrainedTokenizerBase, seq_le
     `seed`, so every run with the same seed evaluates on the same records."""
     train, held_out = read_sft_data(cfg)
     if cfg.eval_path is None and cfg.eval_fraction > 0:
-        picked = set(random.Random(seed).sample(range(len(train)), max(1, round(cfg.eval_fraction * len(train)))))
+        picked = set(random.Random(seed).sample(range(len(train)), held_out_count(cfg.eval_fraction, len(train))))
         held_out = [c for i, c in enumerate(train) if i in picked]
         train = [c for i, c in enumerate(train) if i not in picked]
     data = SFTData([], [])
@@ -83,10 +83,20 @@ def read_sft_data(cfg: SFTDataConfig) -> tuple[list[Conversation], list[Conversa
     train = read_conversations(cfg.path, cfg.split)
     _check_loss_tokens(train, cfg.loss_on, cfg.path)
     if cfg.eval_path is None:
+        if cfg.eval_fraction > 0 and (held := held_out_count(cfg.eval_fraction, len(train))) >= len(train):
+            raise DataError(
+                f"data.eval_fraction {cfg.eval_fraction:g} holds out {held} of the {len(train)} records of "
+                f"{cfg.path}: none is left to train on; lower it, or give data.eval_path"
+            )
         return train, []
     held_out = read_conversations(cfg.eval_path, cfg.split)
     _check_loss_tokens(held_out, cfg.loss_on, cfg.eval_path)
     return train, held_out
+
+
+def held_out_count(fraction: float, records: int) -> int:
+    """How many of `records` data.eval_fraction holds out: at least one."""
+    return max(1, round(fraction * records))
 
 
 def read_conversations(path: Path, split: str = "train") -> list[Conversation]:

@@ -121,6 +121,10 @@ def eval_data(path: str, *more: str, name: str = "chat.jsonl") -> Callable[[Work
 
 
 CASES: list[Case] = [
+    # A held-out part that leaves nothing to train on (one record): found by the trainer only, which
+    # left the new run folder behind.
+    ("sft", sft_args("--data.eval_fraction", "0.5"), "data.eval_fraction 0.5 holds out 1 of the 1 records of"),
+    ("sft", sft_args("--data.eval_fraction", "0.01", "--dry-run"), "holds out 1 of the 1 records"),
     # Records that parse but have nothing to learn from.
     ("sft", data("empty-prompt.jsonl"), "sft-empty-prompt.jsonl:1: malformed record: 'prompt' is empty"),
     ("sft", data("blank-completion.jsonl"), "sft-blank-completion.jsonl:2: malformed record: 'completion' is blank"),
