@@ -15,7 +15,7 @@ class LoraConfig(Section):
     rank: int = Field(8, ge=1, le=VLLM_LORA_RANKS[-1])
     """LoRA rank r: the inner dimension of each adapted module's two low-rank matrices. At most 512,
     vLLM's largest `--max-lora-rank`; `rl` starts vLLM with the smallest value it accepts that holds r."""
-    alpha: float = 16.0
+    alpha: float = Field(16.0, gt=0, allow_inf_nan=False)
     """LoRA scaling: the adapter's output is multiplied by alpha / rank (alpha / sqrt(rank) with use_rslora)."""
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
     """Dropout probability on the input of every LoRA branch while training; 0: no dropout."""

@@ -64,6 +64,9 @@ CASES: list[Case] = [
     ("rl", lambda w: [*rl_args()(w), "--output_dir", str(w.root / "loop-a")], "loop-a' cannot be resolved (Symlink"),
     ("rl", lambda w: [*rl_args()(w), "--model.name", LONG], "model.name: /tmp/xxx"),
     ("sft", sft_args("--dry-run", data=LONG), "/tmp/xxxx"),
+    # An adapter scaled by zero (it never changes the model) or negatively was taken.
+    ("rl", rl_args("--model.lora.alpha", "0"), "model.lora.alpha: Input should be greater than 0"),
+    ("sft", sft_args("--model.lora.alpha", "-16", "--dry-run"), "model.lora.alpha: Input should be greater than 0"),
     # The trainer alone wrote its starting adapter into an sft run's folder and its record.
     (
         "lorarl-trainer",
