@@ -278,6 +278,11 @@ class RunFolder:
             changes = self._resume_changes(previous, identity)
         said = f"; changed since the run started: {'; '.join(changes)}" if changes else ""
         step = resume_from() if resume_from is not None else None
+        if step is not None and isinstance(max_steps := config.get("max_steps"), int) and step > max_steps:
+            raise RunFolderError(
+                f"--resume: max_steps = {max_steps} is below step {step}, the checkpoint the run continues from: "
+                "raise max_steps to train on, or give --resume.step"
+            )
         if dry_run:
             if marker is None:
                 self._make_root()

@@ -123,6 +123,9 @@ CASES: list[Case] = [
         resume("rl-sweep-half", "--variants", '[{"name": "a"}, {"name": "b"}]'),
         "--resume: no complete checkpoint in",
     ),
+    # A max_steps the checkpoint is already past: sft rewrote final/ without a word.
+    ("rl", resume("rl-run", "--max_steps", "1"), "--resume: max_steps = 1 is below step 2, the checkpoint the run"),
+    ("sft", sft_resume("--max_steps", "1"), "--resume: max_steps = 1 is below step 2"),
     # sft's adapter and base alike.
     ("sft", sft_resume("--model.lora.rank", "32"), f"{OTHERWISE} model.lora.rank: 8 -> 32"),
     ("sft", sft_resume("--model.name", "{w.root}/resumes/other-model"), "model.name: '"),
