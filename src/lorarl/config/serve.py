@@ -101,6 +101,14 @@ class ServeConfig(RunFolderConfig):
                 f"serve.port {self.serve.port} is a port of the vLLM workers (inference.port {inf.port}, "
                 f"{inf.num_workers} workers): give them apart"
             )
+        taken = {self.serve.port: "serve.port"}
+        if not inf.urls:
+            taken |= {inf.port + i: "a vLLM worker's port" for i in range(inf.num_workers)}
+        if self.serve.trainer_port in taken:
+            raise ValueError(
+                f"serve.trainer_port {self.serve.trainer_port} is {taken[self.serve.trainer_port]}: give it "
+                "another, or 0 for a free one"
+            )
         if self.trainer.parallel.dp != 1:
             raise ValueError("trainer.parallel.dp: lorarl-serve runs one trainer process; leave parallel out")
         return self

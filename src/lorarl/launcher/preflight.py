@@ -244,6 +244,13 @@ def check_serve(cfg: ServeConfig, mode: RunMode) -> Placement:
     except ValueError as e:  # PlacementError too
         raise PreflightError(str(e)) from None
     check_model_loads(cfg.model, placement.on_gpu)
+    if cfg.serve.keys_file is not None:
+        from lorarl.serve.auth import keys_in_file
+
+        try:
+            keys_in_file(cfg.serve.keys_file)
+        except ValueError as e:
+            raise PreflightError(str(e)) from None
     check_ports(cfg.serve.host, cfg.serve.port, 1, key="serve.port")
     if not cfg.inference.urls and cfg.cluster.backend == "local":  # Ray's workers listen on their own nodes
         check_ports(cfg.inference.host, cfg.inference.port, cfg.inference.num_workers)

@@ -8,6 +8,7 @@ session, model, sampler, checkpoint and request belongs to the owner id that mad
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 from lorarl.config.serve import ServeSection
 
@@ -24,7 +25,7 @@ class Keys:
         if cfg.api_key is not None or cfg.keys_file is not None:
             self.accepted = {cfg.api_key} if cfg.api_key is not None else set()
             if cfg.keys_file is not None:
-                self.accepted |= read_keys_file(cfg.keys_file.read_text())
+                self.accepted |= keys_in_file(cfg.keys_file)
 
     def owner(self, key: str | None) -> str:
         """The owner id of an accepted key; Unauthorized otherwise."""
@@ -39,3 +40,20 @@ def read_keys_file(text: str) -> set[str]:
     """The keys of a keys file: one per line; blank lines and lines starting with '#' left out."""
     keys = {line.strip() for line in text.splitlines()}
     return {k for k in keys if k and not k.startswith("#")}
+
+
+def keys_in_file(path: Path) -> set[str]:
+    """The keys of serve.keys_file `path`; ValueError, one line naming it, if it is no regular file that
+    can be read (a FIFO would wait for a writer), holds no key, or a key the SDK cannot send."""
+    where = f"serve.keys_file {path}"
+    if not path.is_file():
+        raise ValueError(f"{where}: {'no such file' if not path.exists() else 'not a regular file'}")
+    try:
+        keys = read_keys_file(path.read_text())
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{where}: cannot be read ({getattr(e, 'strerror', None) or e})") from None
+    if not keys:
+        raise ValueError(f"{where}: no key in it (one per line; blank lines and '#' lines are left out)")
+    if bad := sorted(k for k in keys if not k.startswith(PREFIX)):
+        raise ValueError(f"{where}: {len(bad)} key(s) without the SDK's {PREFIX!r} prefix, the first {bad[0][:8]}...")
+    return keys

@@ -19,7 +19,16 @@ from pathlib import Path
 import pytest
 
 from lorarl.run_folder import RunFolder
-from tests.unit.cli.bad_inputs import COMMANDS, Case, Workspace, assert_refused, case_ids, rl_args, sft_args
+from tests.unit.cli.bad_inputs import (
+    COMMANDS,
+    Case,
+    Workspace,
+    assert_refused,
+    case_ids,
+    rl_args,
+    serve_args,
+    sft_args,
+)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -45,6 +54,8 @@ def fifo(ws: Workspace) -> None:
         (ws.root / "loop-b").symlink_to(ws.root / "loop-a")
     ws.write("deep.toml", "a = " + "[" * 5000 + "]" * 5000 + "\n")
     ws.write("bom.toml", "\ufeffmax_steps = 3\n")
+    ws.write("keys-without-prefix.txt", "# the team's keys\nabc123\n")
+    ws.write("keys-none.txt", "# no key yet\n\n")
     sft_run = RunFolder(ws.out / "an-sft-run")
     if not sft_run.marker.exists():
         sft_run.prepare("sft", {}, resume=False, overwrite=False)
@@ -67,6 +78,12 @@ CASES: list[Case] = [
     # An adapter scaled by zero (it never changes the model) or negatively was taken.
     ("rl", rl_args("--model.lora.alpha", "0"), "model.lora.alpha: Input should be greater than 0"),
     ("sft", sft_args("--model.lora.alpha", "-16", "--dry-run"), "model.lora.alpha: Input should be greater than 0"),
+    # lorarl-serve's keys file was read once vLLM was up (a traceback), and its trainer port never checked.
+    ("lorarl-serve", serve_args("--serve.keys_file", "{w.root}/inputs/nothing.txt"), "keys_file"),
+    ("lorarl-serve", serve_args("--serve.keys_file", "{w.root}/inputs/pipe.toml"), "pipe.toml: not a regular file"),
+    ("lorarl-serve", serve_args("--serve.keys_file", "{w.root}/inputs/keys-none.txt"), "keys-none.txt: no key in it"),
+    ("lorarl-serve", serve_args("--serve.keys_file", "{w.root}/inputs/keys-without-prefix.txt"), "without the SDK's"),
+    ("lorarl-serve", serve_args("--serve.trainer_port", "8000"), "serve.trainer_port 8000 is serve.port"),
     # The trainer alone wrote its starting adapter into an sft run's folder and its record.
     (
         "lorarl-trainer",
