@@ -62,8 +62,8 @@ def prepare(cfg: SFTConfig, mode: RunMode) -> None:
         check_sft(cfg, mode)
         resume = cfg.resume
         # Looked for once the folder passed its own checks (a planted link is named so); said by the
-        # trainer (in this process) as it resumes.
-        checkpoint = None if resume is None else lambda: run.resume_step(resume.step, quiet=True)
+        # trainer (in this process) as it resumes, or here by a dry run, which has none.
+        checkpoint = None if resume is None else lambda: run.resume_step(resume.step, quiet=not mode.dry_run)
         done = run.prepare(
             "sft", cfg.model_dump(mode="json"), resume is not None, mode.overwrite, mode.dry_run, checkpoint
         )

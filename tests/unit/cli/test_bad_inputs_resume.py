@@ -155,3 +155,21 @@ def test_what_may_change_passes_and_is_named(
     assert len(said) == 2 and "trainer.optim.lr: 5e-05 -> 0.0001" in said[0] and "max_steps: 20 -> 30" in said[0]
     assert "optim.lr: 0.001 -> 0.0001" in said[1]
     assert json.loads((resumes(ws) / "rl-run" / "run.json").read_text()) == before  # a dry run keeps the marker
+
+
+def test_a_dry_run_names_the_newer_checkpoint_a_resume_would_skip(
+    tmp_path: Path, ws: Workspace, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """sft's dry run said nothing of a damaged newest checkpoint, which the resume itself skips with a
+    warning (the trainer says it; a dry run has none)."""
+    shutil.copytree(resumes(ws) / "sft-run", tmp_path / "sft-run")
+    run = RunFolder(tmp_path / "sft-run")
+    run.write_checkpoint_half(3, "trainer", lambda d: (d / "state.json").write_text('{"step": 3}'))
+    (run.checkpoint(3) / "trainer" / "state.json").write_text("{}")  # cut short: not the size recorded
+    argv = [a if a != str(resumes(ws)) else str(tmp_path) for a in sft_resume()(ws)]
+    with caplog.at_level(logging.INFO):
+        sft.main(argv)
+    capsys.readouterr()
+    said = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("skipping checkpoint step 3: ") for m in said), said
+    assert "resuming from checkpoint step 2 in " + str(run.root) in said
