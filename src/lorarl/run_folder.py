@@ -497,6 +497,8 @@ def unwritable(path: Path) -> str | None:
         existing = next(p for p in (path, *path.parents) if p.exists())
     except OSError as e:  # e.g. a folder on the path that this process may not search
         return f"{e.filename}: {e.strerror}"
+    if dangling := next((p for p in (path, *path.parents) if p.is_symlink() and not p.exists()), None):
+        return f"{dangling} is a symbolic link to {os.readlink(dangling)}, which does not exist"
     if not existing.is_dir():
         return f"{existing} is {'a file' if existing.is_file() else 'not a folder'}, not a folder to write in"
     if not os.access(existing, os.W_OK | os.X_OK):

@@ -39,6 +39,8 @@ def expand_user(path: str) -> str:
     """`path` with a leading "~" or "~user" expanded as a shell would; ValueError naming it for a user
     this machine does not have (`Path.expanduser` raises RuntimeError there, which pydantic passes on
     as a traceback, and `os.path.expanduser` leaves it be, a folder named "~nosuchuser" in the cwd)."""
+    if not path.strip():
+        raise ValueError("an empty path: give a folder or file")
     expanded = os.path.expanduser(path)
     if expanded.startswith("~"):
         user = expanded[1:].split(os.sep, 1)[0]

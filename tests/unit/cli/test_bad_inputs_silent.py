@@ -52,6 +52,8 @@ def fifo(ws: Workspace) -> None:
         (ws.root / "inputs" / "zeros.toml").symlink_to("/dev/zero")
         (ws.root / "loop-a").symlink_to(ws.root / "loop-b")
         (ws.root / "loop-b").symlink_to(ws.root / "loop-a")
+    if not (ws.root / "dangling").is_symlink():
+        (ws.root / "dangling").symlink_to(ws.root / "not-there")
     ws.write("deep.toml", "a = " + "[" * 5000 + "]" * 5000 + "\n")
     ws.write("bom.toml", "\ufeffmax_steps = 3\n")
     ws.write("keys-without-prefix.txt", "# the team's keys\nabc123\n")
@@ -84,6 +86,9 @@ CASES: list[Case] = [
     ("lorarl-serve", serve_args("--serve.keys_file", "{w.root}/inputs/keys-none.txt"), "keys-none.txt: no key in it"),
     ("lorarl-serve", serve_args("--serve.keys_file", "{w.root}/inputs/keys-without-prefix.txt"), "without the SDK's"),
     ("lorarl-serve", serve_args("--serve.trainer_port", "8000"), "serve.trainer_port 8000 is serve.port"),
+    # Unclear: an empty model.name was reported as ".", a dangling output_dir as "File exists".
+    ("rl", rl_args("--model.name", ""), "model.name: an empty path"),
+    ("rl", lambda w: [*rl_args()(w), "--output_dir", str(w.root / "dangling")], "dangling is a symbolic link to"),
     # The trainer alone wrote its starting adapter into an sft run's folder and its record.
     (
         "lorarl-trainer",
