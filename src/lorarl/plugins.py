@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import math
 import sysconfig
 import traceback
 from collections.abc import Callable
@@ -122,6 +123,10 @@ def load_function(spec: str, key: str, kind: PluginKind) -> Callable[..., Any]:
         raise PluginError(f"{key} {spec!r} is a {type(fn).__name__}, not a function")
     if declared_kind(fn) != kind:
         raise PluginError(f"{key} {spec!r}: {how_to_declare(fn, kind)}")
+    if kind != "environment" and (inspect.iscoroutinefunction(fn) or inspect.isgeneratorfunction(fn)):
+        # Called each step for its result: a coroutine or a generator would be taken for one.
+        what = "an async function" if inspect.iscoroutinefunction(fn) else "a generator function"
+        raise PluginError(f"{key} {spec!r} is {what}: lorarl calls it for its result each step; make it a plain def")
     return fn
 
 
@@ -171,6 +176,12 @@ def _fit(hint: Any, value: Any, where: str) -> Any:
     except PydanticSchemaGenerationError:  # a type pydantic cannot check: left to the factory
         return value
     try:
-        return adapter.validate_python(value)
+        fitted = adapter.validate_python(value)
     except ValidationError as e:
         raise ArgsError(f"{where} ({e.errors()[0]['msg']})") from None
+    # pydantic's lax mode makes true a 1 and lets NaN through: neither is a number a user means.
+    if isinstance(value, bool) and not isinstance(fitted, bool):
+        raise ArgsError(f"{where} (true or false is not a number: write the number)")
+    if isinstance(fitted, float) and math.isnan(fitted):
+        raise ArgsError(f"{where} (NaN is not a number to compute with)")
+    return fitted

@@ -71,6 +71,24 @@ def an_advantage(rewards):
     return rewards
 
 
+@lorarl.plugin('advantage')
+async def async_advantage(rewards):
+    _touch('called-async_advantage')
+    return rewards
+
+
+@lorarl.plugin('advantage')
+def generated_advantage(rewards):
+    _touch('called-generated_advantage')
+    yield from rewards
+
+
+@lorarl.plugin('advantage')
+def scaled(rewards: list[float], *, scale: float = 1.0) -> list[float]:
+    _touch('called-scaled')
+    return [scale * r for r in rewards]
+
+
 def undeclared_advantage(rewards):
     _touch('called-undeclared_advantage')
     return rewards
@@ -123,7 +141,21 @@ def advantage(spec: str) -> tuple[str, ...]:
 
 
 UNDECLARED = "is not declared a lorarl"
+SCALE = ("--orchestrator.advantage.args",)
 CASES: list[Case] = [
+    # Taken, then called each step for a coroutine or a generator; args pydantic's lax mode let through.
+    ("rl", with_module("plug_user", *advantage("inputs.plug_user:async_advantage")), "is an async function"),
+    ("rl", with_module("plug_user", *advantage("inputs.plug_user:generated_advantage")), "is a generator function"),
+    (
+        "rl",
+        with_module("plug_user", *advantage("inputs.plug_user:scaled"), *SCALE, '{"scale": true}'),
+        "args.scale = True: scaled takes scale: float (true or false is not a number",
+    ),
+    (
+        "rl",
+        with_module("plug_user", *advantage("inputs.plug_user:scaled"), *SCALE, '{"scale": NaN}'),
+        "args.scale = nan: scaled takes scale: float (NaN is not a number",
+    ),
     # Functions of the standard library, which no one declared, named as an environment: refused unrun.
     ("rl", rl_args(*env("shutil:rmtree", {"path": "{w.user}"})), "id 'shutil:rmtree': not an Environment class"),
     ("rl", rl_args(*env("subprocess:run", {"args": ["touch", "{w.root}/pwned"]})), "subprocess.run " + UNDECLARED),
