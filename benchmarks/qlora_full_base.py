@@ -43,8 +43,9 @@ def train(model_dir: str, dtype: str, steps: int, out: Path) -> dict[str, list[l
     from lorarl.trainer.model import apply_lora, load_model, save_adapter
 
     torch.manual_seed(0)
-    cfg = ModelConfig(name=model_dir, dtype=dtype, quantization="nf4", lora=LoraConfig(rank=RANK))  # type: ignore[arg-type]
-    model = apply_lora(load_model(cfg), cfg.lora)
+    lora = LoraConfig(rank=RANK)
+    cfg = ModelConfig(name=model_dir, dtype=dtype, quantization="nf4", lora=lora)  # type: ignore[arg-type]
+    model = apply_lora(load_model(cfg), lora)
     vocab = model.config.vocab_size
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
     train_ids = torch.tensor(rows(vocab, seed=1))
