@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import random
 
+import tinker
 from task import connect, example, prompt_tokens, reward, served_model, supervised_datum
 from tinker import types
 
@@ -28,7 +29,13 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    service = connect()
+    # The session is finished on the way out (the SDK's context manager), so the process does not leave
+    # with the SDK's thread still sending.
+    with connect() as service:
+        train(service, args)
+
+
+def train(service: tinker.ServiceClient, args: argparse.Namespace) -> None:
     if args.start:
         training = service.create_training_client_from_state(args.start).result()
     else:
@@ -70,7 +77,7 @@ def main() -> None:
                 )
         if data:
             training.forward_backward(data, "importance_sampling")
-            training.optim_step(types.AdamParams(learning_rate=args.lr))
+            training.optim_step(types.AdamParams(learning_rate=args.lr)).result()
         print(f"step {step}: mean reward {sum(rewards) / len(rewards):.3f}", flush=True)
 
 

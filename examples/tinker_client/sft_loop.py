@@ -23,17 +23,19 @@ def main() -> None:
     parser.add_argument("--rank", type=int, default=32)
     parser.add_argument("--name", default="sft-final", help="the name the state is saved as")
     args = parser.parse_args()
-    service = connect()
-    training = service.create_lora_training_client(base_model=served_model(service), rank=args.rank, seed=0).result()
-    tokenizer = training.get_tokenizer()
-    rng = random.Random(0)
-    for step in range(1, args.steps + 1):
-        data = [supervised_datum(tokenizer, example(rng)) for _ in range(args.batch)]
-        result = training.forward_backward(data, "cross_entropy")
-        training.optim_step(types.AdamParams(learning_rate=args.lr)).result()
-        targets = sum(sum(d.loss_fn_inputs["weights"].tolist()) for d in data)
-        print(f"step {step}: loss {result.result().metrics['loss:sum'] / targets:.3f} per token", flush=True)
-    print("saved", training.save_state(args.name).result().path, flush=True)
+    with connect() as service:
+        training = service.create_lora_training_client(
+            base_model=served_model(service), rank=args.rank, seed=0
+        ).result()
+        tokenizer = training.get_tokenizer()
+        rng = random.Random(0)
+        for step in range(1, args.steps + 1):
+            data = [supervised_datum(tokenizer, example(rng)) for _ in range(args.batch)]
+            result = training.forward_backward(data, "cross_entropy")
+            training.optim_step(types.AdamParams(learning_rate=args.lr)).result()
+            targets = sum(sum(d.loss_fn_inputs["weights"].tolist()) for d in data)
+            print(f"step {step}: loss {result.result().metrics['loss:sum'] / targets:.3f} per token", flush=True)
+        print("saved", training.save_state(args.name).result().path, flush=True)
 
 
 if __name__ == "__main__":
