@@ -254,13 +254,17 @@ def test_a_role_alone_stops_on_ctrl_c_in_one_line_while_it_waits(
 @pytest.mark.slow
 @pytest.mark.parametrize("command", ["rl", "sft"])
 def test_ctrl_c_during_the_checks_is_one_line(tmp_path: Path, ws: Workspace, command: str) -> None:
-    """Ctrl-C 3 s into a dry run (its imports and checks, before any handler of its own) was a
-    KeyboardInterrupt's traceback."""
+    """Ctrl-C during a dry run's checks (torch loaded, before any handler of its own) was a
+    KeyboardInterrupt's traceback. Sent once torch is mapped, not after a fixed time: on a busy machine
+    3 s fell into Python's start-up, before the command's main (whose Ctrl-C is Python's own)."""
     args = ["--model.name", str(ws.model), "--output_dir", str(tmp_path), "--run_name", "r", "--dry-run"]
     args += ["--data.path", str(ws.data)] if command == "sft" else []
     proc = subprocess.Popen([sys.executable, "-m", f"lorarl.cli.{command}", *args], stderr=subprocess.PIPE, text=True)
     try:
-        time.sleep(3)
+        maps = Path(f"/proc/{proc.pid}/maps")
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and "libtorch" not in maps.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=10) == 128 + signal.SIGINT
