@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -225,29 +226,35 @@ def test_a_role_run_alone_honours_dry_run(ws: Workspace, capsys: pytest.CaptureF
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("role", "flags"),
+    ("role", "flags", "waiting"),
     [
         # It waited inference.startup_timeout (600 s) for inference.urls that answer nothing, ignoring Ctrl-C.
-        ("orchestrator", ["--inference.urls", '["http://127.0.0.1:9"]']),
+        ("orchestrator", ["--inference.urls", '["http://127.0.0.1:9"]'], "waiting for 1 inference worker"),
         # It waits trainer.batch_timeout for a batch no orchestrator makes; Ctrl-C was a traceback.
-        ("trainer", []),
+        ("trainer", [], "wrote the starting adapter"),
     ],
 )
 def test_a_role_alone_stops_on_ctrl_c_in_one_line_while_it_waits(
-    tmp_path: Path, ws: Workspace, role: str, flags: list[str]
+    tmp_path: Path, ws: Workspace, role: str, flags: list[str], waiting: str
 ) -> None:
     RunFolder(tmp_path / "r").prepare("rl", {}, resume=False, overwrite=False)
     args = ["--model.name", str(ws.model), "--output_dir", str(tmp_path), "--run_name", "r", *flags]
     proc = subprocess.Popen([sys.executable, "-m", f"lorarl.cli.{role}", *args], stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stderr or []), daemon=True)
+    reader.start()
     try:
-        time.sleep(15)  # its imports, then the wait
-        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        # Sent once it says it waits, not after a fixed time, which a busy machine can spend importing.
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and not any(waiting in line for line in lines) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert proc.poll() is None and any(waiting in line for line in lines), "".join(lines)
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=5) == 128 + signal.SIGINT
     finally:
         proc.kill()  # a no-op once it has stopped
-    assert proc.stderr is not None
-    err = proc.stderr.read()
+    reader.join(timeout=5)
+    err = "".join(lines)
     assert f"{role}: stopped by SIGINT" in err and "Traceback" not in err, err[-2000:]
 
 
