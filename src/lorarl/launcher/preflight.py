@@ -269,12 +269,14 @@ def check_sft(cfg: SFTConfig, mode: RunMode) -> None:
     except ValueError as e:
         raise PreflightError(str(e)) from None
     check_model_loads(cfg.model, visible_gpus(mode) > 0)
-    from lorarl.trainer.sft_data import read_sft_data  # loads torch: only once the config is valid
+    from lorarl.trainer.sft_data import check_some_trainable, read_sft_data  # loads torch: config valid
 
-    # Every record parses (format, UTF-8, roles, no blank turns, loss tokens, eval apart): cheap next to
-    # training, and a data mistake then stops the run before its folder is touched (DataError).
-    # Tokenizing waits for the trainer.
-    read_sft_data(cfg.data)
+    # Every record parses (format, UTF-8, roles, no blank turns, loss tokens, eval apart) and one at
+    # least is left something to learn at seq_len: cheap next to training, and a data mistake then stops
+    # the run before its folder is touched (DataError). Tokenizing them all waits for the trainer.
+    train, _ = read_sft_data(cfg.data)
+    if (tokenizer := _tokenizer(cfg.model.name)) is not None:
+        check_some_trainable(cfg.data, train, tokenizer, cfg.seq_len)
     check_memory(lambda: sft_memory_plan(cfg, mode))
 
 

@@ -13,8 +13,9 @@ malformed record stops the run with its place: `file.jsonl:LINE` or `file.parque
 So does a record that cannot teach what it seems to: an empty or blank prompt, completion, user or
 assistant message (an assistant turn that calls tools may have no text), data in which no record
 carries loss tokens under `data.loss_on`, and eval data that is (or lies in) the training data.
-`read_sft_data` makes every check that needs no tokenizer: `sft` runs it before the run folder is
-touched (preflight), and the trainer again, as it loads the data.
+`read_sft_data` makes every check that needs no tokenizer and `check_some_trainable` the one that
+does: `sft` runs both before the run folder is touched (preflight), and the trainer again, as it loads
+the data.
 """
 
 from __future__ import annotations
@@ -71,8 +72,29 @@ def load_sft_data(cfg: SFTDataConfig, tokenizer: PreTrainedTokenizerBase, seq_le
     data.train = tokenize(train, tokenizer, seq_len, cfg.loss_on, cfg.truncation, data.counts)
     data.eval = tokenize(held_out, tokenizer, seq_len, cfg.loss_on, cfg.truncation, Counter())
     if not data.train:
-        raise DataError(f"{cfg.path}: no trainable records ({dict(data.counts)})")
+        raise _none_trainable(cfg, seq_len, data.counts)
     return data
+
+
+def check_some_trainable(
+    cfg: SFTDataConfig, records: list[Conversation], tokenizer: PreTrainedTokenizerBase, seq_len: int
+) -> None:
+    """DataError unless a record of `records` keeps a loss token at `seq_len`: tokenized one by one until
+    one does (the first, as a rule), so a seq_len or loss_on that leaves nothing to train on is found
+    before the run folder is touched, at the cost of all records only when none does."""
+    counts: Counter[str] = Counter()
+    for record in records:
+        if tokenize([record], tokenizer, seq_len, cfg.loss_on, cfg.truncation, counts):
+            return
+    raise _none_trainable(cfg, seq_len, counts)
+
+
+def _none_trainable(cfg: SFTDataConfig, seq_len: int, counts: Counter[str]) -> DataError:
+    said = ", ".join(f"{n} {what.replace('_', ' ')}" for what, n in counts.items())
+    return DataError(
+        f"{cfg.path}: no record keeps a token to learn from at seq_len {seq_len} with data.loss_on "
+        f"{cfg.loss_on!r} and data.truncation {cfg.truncation!r} ({said})"
+    )
 
 
 def read_sft_data(cfg: SFTDataConfig) -> tuple[list[Conversation], list[Conversation]]:

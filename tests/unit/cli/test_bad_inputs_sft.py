@@ -66,6 +66,7 @@ FILES: dict[str, str | bytes] = {
     "not-parquet.parquet": b"PAR1 but not really",
     "eval-blank.jsonl": lines(PAIR, PAIR, {"prompt": "a", "completion": ""}),
     "eval-no-answers.jsonl": lines({"messages": [USER]}),
+    "long-prompts.jsonl": lines(*({"prompt": "word " * 100, "completion": "x"} for _ in range(3))),
 }
 
 
@@ -247,6 +248,12 @@ CASES: list[Case] = [
         "sft",
         data("only-users.jsonl", "--data.loss_on", "last_turn"),
         "data.loss_on = 'last_turn' trains on those alone",
+    ),
+    # Every answer cut off by seq_len: found by the trainer, with the run folder made (tokenizer needed).
+    (
+        "sft",
+        data("long-prompts.jsonl", "--seq_len", "16"),
+        "sft-long-prompts.jsonl: no record keeps a token to learn from at seq_len 16",
     ),
     ("sft", eval_data("{w.data}"), "data.eval_path: {w.data} is the training data"),
     ("sft", eval_data("{w.root}/inputs/sft-link-to-chat.jsonl"), "is the training data (data.path = "),
