@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import sys
 import tomllib
 import types
@@ -38,6 +37,7 @@ from pydantic_settings import BaseSettings, CliSettingsSource
 from pydantic_settings.exceptions import SettingsError
 
 from lorarl.config.common import WRONG_KIND
+from lorarl.file_kinds import NOT_REGULAR, special_file
 
 T = TypeVar("T", bound=BaseModel)
 M = TypeVar("M", bound=BaseModel)
@@ -321,9 +321,8 @@ def _read_file(path: str) -> dict[str, Any]:
     if suffix not in (".toml", ".json"):
         raise ConfigError(f"{path}: config files must end in .toml or .json")
     try:
-        if not stat.S_ISREG(mode := os.stat(path).st_mode) and not stat.S_ISDIR(mode):
-            # A FIFO would wait for a writer, a device (/dev/zero) be read for ever.
-            raise ConfigError(f"{path}: not a regular file (a FIFO, socket or device): give a .toml or .json file")
+        if special_file(path):
+            raise ConfigError(f"{path}: {NOT_REGULAR}: give a .toml or .json file")
         text = Path(path).read_text()
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None

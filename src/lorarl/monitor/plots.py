@@ -26,6 +26,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 from matplotlib.typing import LineStyleType
 
+from lorarl.file_kinds import NOT_REGULAR, special_file
 from lorarl.run_folder import METRICS, RunFolder, unwritable
 from lorarl.written_files import is_link, link_in_way, link_refusal, record, record_root, written_files
 
@@ -135,8 +136,8 @@ PANELS = (
 
 
 def metrics_file(path: Path) -> Path:
-    """A run folder's metrics.jsonl, or `path` itself when it is the file."""
-    return path if path.is_file() else RunFolder(path).metrics
+    """A run folder's metrics.jsonl, or `path` itself when it is the file (or a FIFO, refused by name)."""
+    return path if path.is_file() or special_file(path) else RunFolder(path).metrics
 
 
 def load_runs(path: Path, label: str) -> list[Run]:
@@ -164,6 +165,8 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 def _rows(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
     """Each row of the run's metrics.jsonl with where it stands (file:line)."""
     file = metrics_file(path)
+    if special_file(file):
+        raise MetricsError(f"{file}: {NOT_REGULAR}")
     if not file.is_file():
         raise MetricsError(f"{path}: no {METRICS} (give a run folder or its {METRICS})")
     with open(file, "rb") as f:

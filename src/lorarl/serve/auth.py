@@ -11,6 +11,7 @@ import hashlib
 from pathlib import Path
 
 from lorarl.config.serve import ServeSection
+from lorarl.file_kinds import NOT_REGULAR, special_file
 
 PREFIX = "tml-"
 
@@ -47,7 +48,8 @@ def keys_in_file(path: Path) -> set[str]:
     can be read (a FIFO would wait for a writer), holds no key, or a key the SDK cannot send."""
     where = f"serve.keys_file {path}"
     if not path.is_file():
-        raise ValueError(f"{where}: {'no such file' if not path.exists() else 'not a regular file'}")
+        why = NOT_REGULAR if special_file(path) else "a folder" if path.is_dir() else "no such file"
+        raise ValueError(f"{where}: {why}")
     try:
         keys = read_keys_file(path.read_text())
     except (OSError, UnicodeDecodeError) as e:

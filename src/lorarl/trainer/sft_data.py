@@ -33,6 +33,7 @@ from transformers import PreTrainedTokenizerBase
 
 from lorarl.chat import LossOn, Message, tokenize_with_assistant_mask
 from lorarl.config.sft import SFTDataConfig
+from lorarl.file_kinds import NOT_REGULAR, special_file
 from lorarl.trainer.batching import TrainSample
 
 log = logging.getLogger("lorarl.sft")
@@ -253,8 +254,8 @@ def _records(path: Path, split: str) -> Iterator[tuple[str, Any]]:
         raise DataError(f"{path}: no such file or folder")
     if path.is_dir():
         yield from _folder_records(path, split)
-    elif not path.is_file():  # a FIFO or a device: opening it would wait for a writer, or read forever
-        raise DataError(f"{path}: not a regular file (a FIFO, socket or device): give a .jsonl or .parquet file")
+    elif special_file(path):
+        raise DataError(f"{path}: {NOT_REGULAR}: give a .jsonl or .parquet file")
     elif path.suffix in _READERS:
         yield from _READERS[path.suffix](path)
     else:

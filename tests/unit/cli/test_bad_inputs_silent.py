@@ -37,6 +37,8 @@ def fifo(ws: Workspace) -> None:
     path = ws.root / "inputs" / "pipe.jsonl"
     if not path.exists():
         os.mkfifo(path)
+        (ws.root / "inputs" / "fifo-run").mkdir()
+        os.mkfifo(ws.root / "inputs" / "fifo-run" / "metrics.jsonl")
     ws.write("top-k-true.toml", "[orchestrator.sampling]\ntop_k = true\n")
     ws.write("lr-false.toml", "[trainer.optim]\nlr = false\n")
     ws.write("rank-true.toml", "[model.lora]\nrank = true\n")
@@ -98,6 +100,9 @@ CASES: list[Case] = [
     ),
     ("sft", sft_args(data="{w.root}/inputs/pipe.jsonl"), "pipe.jsonl: not a regular file"),
     ("sft", sft_args("--dry-run", data="{w.root}/inputs/pipe.jsonl"), "pipe.jsonl: not a regular file"),
+    # A run folder whose metrics.jsonl is a FIFO was "no metrics.jsonl"; the FIFO named itself, the same.
+    ("lorarl-plot", lambda w: [f"{w.root}/inputs/fifo-run"], "fifo-run/metrics.jsonl: not a regular file (a FIFO"),
+    ("lorarl-plot", lambda w: [f"{w.root}/inputs/pipe.jsonl"], "inputs/pipe.jsonl: not a regular file (a FIFO"),
     (
         "rl",
         rl_args(
