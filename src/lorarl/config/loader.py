@@ -378,7 +378,10 @@ def _describe(error: ValidationError, merged: dict[str, Any], layers: Layers, cl
     lines = []
     for err in error.errors():
         key, msg = key_and_message(cls, err)
-        if err["type"] == "missing":
+        if err["type"] == "missing" and isinstance(err["loc"][-1], int):  # an item of a fixed-length list
+            whole, where = key.rpartition(".")[0], _origin(err["loc"][:-1], merged, layers)
+            lines.append(f"{whole}: too few values (item {err['loc'][-1]} is missing) (from {where})")
+        elif err["type"] == "missing":
             lines.append(f"{key}: required, set it in a config file or with --{key}")
         elif not key and err["type"] != WRONG_KIND:  # a check across keys: its message names them
             lines.append(msg)

@@ -62,6 +62,8 @@ CASES: list[Case] = [
     ("rl", rl_args("--trainer.optim.lr", "inf"), "trainer.optim.lr: Input should be a finite number"),
     ("rl", rl_args("--trainer.optim.lr", "nan"), "trainer.optim.lr"),
     ("rl", rl_args("--trainer.optim.betas", "[0.9, 1.5]"), "trainer.optim.betas"),
+    # It said "trainer.optim.betas.1: required, ... or with --trainer.optim.betas.1", a flag that is none.
+    ("rl", rl_args("--trainer.optim.betas", "[0.9]"), "trainer.optim.betas: too few values (item 1 is missing)"),
     ("rl", rl_args("--trainer.optim.weight_decay", "-0.1"), "trainer.optim.weight_decay"),
     ("rl", rl_args("--trainer.optim.max_norm", "0"), "trainer.optim.max_norm"),
     ("rl", rl_args("--trainer.scheduler.type", "exponential"), "trainer.scheduler.type"),
