@@ -102,6 +102,9 @@ def apply_lora(model: TrainedModel, cfg: LoraConfig, adapter_name: str = "defaul
             # On MoE experts PEFT sets itself the rank_pattern/alpha_pattern of the fused gate_up_proj (2r),
             # then warns that they match no module (they match its parameter): nothing for the user to do.
             warnings.filterwarnings("ignore", r"The following (rank|alpha)_pattern keys did not match", RuntimeWarning)
+            # An exclude_modules that leaves nothing out is a mistake PEFT only warns of (two lines, then trains
+            # the modules the user meant to exclude): an error, named below.
+            warnings.filterwarnings("error", r"You have passed exclude_modules=", UserWarning)
             if isinstance(model, peft.PeftModel):
                 model.add_adapter(adapter_name, peft_lora_config(cfg))
                 return model
@@ -114,6 +117,11 @@ def apply_lora(model: TrainedModel, cfg: LoraConfig, adapter_name: str = "defaul
             "a regular expression matched against whole module paths such as 'model.layers.0.self_attn.q_proj' "
             f"(e.g. '.*\\.q_proj'), or 'all-linear'. Linear modules of this model: {', '.join(linear_names)}. "
             f"PEFT said: {e}"
+        ) from None
+    except UserWarning:
+        raise ValueError(
+            f"[model.lora] exclude_modules = {cfg.exclude_modules!r} leaves out none of the modules target_modules "
+            f"= {cfg.target_modules!r} adapts. Linear modules of this model: {', '.join(linear_names)}"
         ) from None
     except ValueError as e:
         # e.g. on an MoE model, gate_proj without up_proj (PEFT fuses them into gate_up_proj).

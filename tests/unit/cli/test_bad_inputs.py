@@ -197,6 +197,8 @@ CASES: list[Case] = [
     # sft.
     ("sft", sft_args(data="{w.root}/no-data.jsonl"), "no-data.jsonl: no such file"),
     ("sft", sft_args("--model.lora.target_modules", '["no_such_module"]'), "adapts no module of the model"),
+    # PEFT warned in two lines and trained every module the user meant to leave out.
+    ("sft", sft_args("--model.lora.exclude_modules", '["no_such_module"]'), "leaves out none of the modules"),
     ("sft", sft_args(data="{w.user}/chapter1.tex"), "expected a .jsonl or .parquet file"),
     ("sft", sft_args(data="{w.root}/inputs/broken.jsonl"), "broken.jsonl:2: malformed record"),
     ("sft", sft_args(data="{w.root}/inputs/latin1.jsonl"), "latin1.jsonl:1: not UTF-8"),
