@@ -3,6 +3,7 @@ each ends on what it cannot go on with: one line, no traceback."""
 
 from __future__ import annotations
 
+import argparse
 import functools
 import logging
 import os
@@ -49,6 +50,15 @@ def exit_with(error: Exception, code: int) -> NoReturn:
     if _speaks_for_the_ranks():
         print(f"error: {error}", file=sys.stderr)
     raise SystemExit(code)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser for the commands without a config (lorarl-merge, lorarl-plot), whose mistakes
+    are one line as every command's are (`error: command line: ...`), not a usage block and a second
+    line; --help shows the usage."""
+
+    def error(self, message: str) -> NoReturn:
+        exit_with(ValueError(f"command line: {message} (see {self.prog} --help)"), BAD_INPUT)
 
 
 def setup_logging(component: str) -> None:

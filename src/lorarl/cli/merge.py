@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from lorarl.cli.common import ctrl_c_in_one_line, exit_with, setup_logging
+from lorarl.cli.common import ArgumentParser, ctrl_c_in_one_line, exit_with, setup_logging
 from lorarl.config.common import expand_user
 from lorarl.exit_codes import BAD_INPUT
 from lorarl.launcher.preflight import PreflightError
@@ -20,9 +20,7 @@ from lorarl.run_folder import RunFolderError
 
 @ctrl_c_in_one_line("lorarl-merge")
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="lorarl-merge", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
-    )
+    parser = ArgumentParser(prog="lorarl-merge", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--base", required=True, help="the base model folder (or hub id) the adapter was trained on")
     parser.add_argument("--adapter", required=True, type=Path, help="a PEFT LoRA adapter folder")
     parser.add_argument(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from lorarl.cli.common import ctrl_c_in_one_line, exit_with
+from lorarl.cli.common import ArgumentParser, ctrl_c_in_one_line, exit_with
 from lorarl.config.common import expand_user
 from lorarl.exit_codes import BAD_INPUT
 from lorarl.monitor.plots import MetricsError, plot_runs
@@ -18,9 +18,7 @@ from lorarl.monitor.plots import MetricsError, plot_runs
 
 @ctrl_c_in_one_line("lorarl-plot")
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="lorarl-plot", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
-    )
+    parser = ArgumentParser(prog="lorarl-plot", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument(
         "runs", nargs="+", type=Path, metavar="RUN", help="a run folder (output_dir/run_name) or its metrics.jsonl"
     )

@@ -172,6 +172,13 @@ CASES: list[Case] = [
         "lorarl-bad-input" if os.geteuid() == 0 else "read-only",
     ),
     ("lorarl-merge", merge_args(out=f"{{w.root}}/{TOO_LONG}"), "is longer than a file system allows"),
+    # argparse's mistakes were its usage block and a second line.
+    (
+        "lorarl-merge",
+        lambda w: ["--base", str(w.model)],
+        "command line: the following arguments are required: --adapter",
+    ),
+    ("lorarl-plot", lambda w: [str(w.root), "--bogus"], "command line: unrecognized arguments: --bogus"),
     (
         "lorarl-merge",
         merge_args("{w.model}", "{w.adapter}", "{w.earlier_merge}", "--overwrite"),
