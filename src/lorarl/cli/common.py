@@ -15,6 +15,7 @@ from typing import NoReturn, Protocol, TypeVar
 
 from pydantic import BaseModel
 
+from lorarl.config.common import expand_user
 from lorarl.config.loader import ConfigError, load_config, load_run
 from lorarl.exit_codes import BAD_INPUT, for_signal
 from lorarl.written_files import record_written
@@ -59,6 +60,16 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         exit_with(ValueError(f"command line: {message} (see {self.prog} --help)"), BAD_INPUT)
+
+
+def user_path(value: str) -> Path:
+    """argparse's `type` for a path flag: "~" expanded as a shell would (config.common.expand_user); an
+    empty value or a "~user" this machine lacks is refused with the flag's name, not taken for the working
+    directory (Path("") is ".") or a folder named "~user"."""
+    try:
+        return Path(expand_user(value))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def setup_logging(component: str) -> None:

@@ -8,9 +8,8 @@ The merge is computed in float32 and saved in the base model's dtype unless `--d
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from lorarl.cli.common import ArgumentParser, ctrl_c_in_one_line, exit_with, setup_logging
+from lorarl.cli.common import ArgumentParser, ctrl_c_in_one_line, exit_with, setup_logging, user_path
 from lorarl.config.common import expand_user
 from lorarl.exit_codes import BAD_INPUT
 from lorarl.launcher.preflight import PreflightError
@@ -22,11 +21,11 @@ from lorarl.run_folder import RunFolderError
 def main(argv: list[str] | None = None) -> None:
     parser = ArgumentParser(prog="lorarl-merge", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--base", required=True, help="the base model folder (or hub id) the adapter was trained on")
-    parser.add_argument("--adapter", required=True, type=Path, help="a PEFT LoRA adapter folder")
+    parser.add_argument("--adapter", required=True, type=user_path, help="a PEFT LoRA adapter folder")
     parser.add_argument(
         "--out",
         required=True,
-        type=Path,
+        type=user_path,
         help="the model folder to write: new or empty, or an earlier merge output with --overwrite (which\n"
         "replaces the files the earlier merge wrote, listed in its MANIFEST.json, and keeps any other)",
     )
@@ -36,12 +35,7 @@ def main(argv: list[str] | None = None) -> None:
     setup_logging("merge")
     try:
         # A "~user" the shell left as it stands (no such user) names no folder: refused, not created here.
-        base, adapter, out = (
-            expand_user(args.base),
-            Path(expand_user(str(args.adapter))),
-            Path(expand_user(str(args.out))),
-        )
-        merge(base, adapter, out, args.dtype, args.overwrite)
+        merge(expand_user(args.base), args.adapter, args.out, args.dtype, args.overwrite)
     except (OSError, ValueError, PreflightError, RunFolderError) as e:  # OSError: e.g. a file system refusing root
         exit_with(e, BAD_INPUT)
 

@@ -8,10 +8,8 @@ throughput), each run overlaid in its own colour. A panel no run has data for is
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from lorarl.cli.common import ArgumentParser, ctrl_c_in_one_line, exit_with
-from lorarl.config.common import expand_user
+from lorarl.cli.common import ArgumentParser, ctrl_c_in_one_line, exit_with, user_path
 from lorarl.exit_codes import BAD_INPUT
 from lorarl.monitor.plots import MetricsError, plot_runs
 
@@ -20,14 +18,12 @@ from lorarl.monitor.plots import MetricsError, plot_runs
 def main(argv: list[str] | None = None) -> None:
     parser = ArgumentParser(prog="lorarl-plot", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument(
-        "runs", nargs="+", type=Path, metavar="RUN", help="a run folder (output_dir/run_name) or its metrics.jsonl"
+        "runs", nargs="+", type=user_path, metavar="RUN", help="a run folder (output_dir/run_name) or its metrics.jsonl"
     )
-    parser.add_argument("--out", type=Path, help="the folder to write the PNGs to; default: <first RUN>/plots/")
+    parser.add_argument("--out", type=user_path, help="the folder to write the PNGs to; default: <first RUN>/plots/")
     args = parser.parse_args(argv)
     try:
-        # A "~user" the shell left as it stands (no such user) names no folder: refused, not created here.
-        runs = [Path(expand_user(str(run))) for run in args.runs]
-        written = plot_runs(runs, Path(expand_user(str(args.out))) if args.out else None)
+        written = plot_runs(args.runs, args.out)
     except (MetricsError, OSError, ValueError) as e:
         exit_with(e, BAD_INPUT)
     for path in written:

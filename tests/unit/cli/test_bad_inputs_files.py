@@ -179,6 +179,8 @@ CASES: list[Case] = [
         "command line: the following arguments are required: --adapter",
     ),
     ("lorarl-plot", lambda w: [str(w.root), "--bogus"], "command line: unrecognized arguments: --bogus"),
+    # argparse's Path("") is ".": the working directory, refused as "PosixPath('.') has an empty name".
+    ("lorarl-merge", merge_args(out=""), "argument --out: an empty path: give a folder or file"),
     (
         "lorarl-merge",
         merge_args("{w.model}", "{w.adapter}", "{w.earlier_merge}", "--overwrite"),
