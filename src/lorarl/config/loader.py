@@ -376,7 +376,13 @@ def _origin(loc: Loc, merged: dict[str, Any], layers: Layers) -> str:
 def _describe(error: ValidationError, merged: dict[str, Any], layers: Layers, cls: type[BaseModel]) -> str:
     """One line per problem, each naming the key and where its value came from."""
     lines = []
-    for err in error.errors():
+    errors, unions = _union_members(error.errors(), merged)
+    for path, members in unions.items():
+        key = ".".join(str(part) for part in user_key(cls, path)[0])
+        said = "; ".join(f"{'.'.join(map(str, err['loc'][len(path) :]))}: {err['msg']}" for err in members)
+        value = json.dumps(_walk(merged, path)[1], default=str)
+        lines.append(f"{key} = {value}: none of the kinds it takes ({said}) (from {_origin(path, merged, layers)})")
+    for err in errors:
         key, msg = key_and_message(cls, err)
         if err["type"] == "missing" and isinstance(err["loc"][-1], int):  # an item of a fixed-length list
             whole, where = key.rpartition(".")[0], _origin(err["loc"][:-1], merged, layers)
@@ -389,6 +395,29 @@ def _describe(error: ValidationError, merged: dict[str, Any], layers: Layers, cl
             section = f"{key}: " if key else ""
             lines.append(f"{section}{msg} (from {_origin(_value_loc(err), merged, layers)})")
     return "\n".join(lines)
+
+
+def _union_members(errors: list[ErrorDetails], merged: dict[str, Any]) -> tuple[list[ErrorDetails], dict[Loc, list]]:
+    """`errors` apart from those of a value that fits no member of its field's union, and those by the
+    value's place: pydantic reports one per member, its name added to the place ("list[str]", "str"),
+    which made a line each (`target_modules = 5`)."""
+    rest: list[ErrorDetails] = []
+    unions: dict[Loc, list[ErrorDetails]] = {}
+    for err in errors:
+        path, value = _walk(merged, err["loc"])
+        # A member's error is about the value at the place itself, which is the input it was given.
+        if (
+            err["type"] not in ("missing", WRONG_KIND)
+            and path
+            and len(path) < len(err["loc"])
+            and err["input"] == value
+        ):
+            unions.setdefault(path, []).append(err)
+        else:
+            rest.append(err)
+    for path in [p for p, members in unions.items() if len(members) == 1]:  # no union: a key the input lacks
+        rest.extend(unions.pop(path))
+    return rest, unions
 
 
 def _value_loc(err: ErrorDetails) -> Loc:

@@ -41,6 +41,7 @@ def fifo(ws: Workspace) -> None:
         os.mkfifo(ws.root / "inputs" / "fifo-run" / "metrics.jsonl")
     ws.write("top-k-true.toml", "[orchestrator.sampling]\ntop_k = true\n")
     ws.write("lr-false.toml", "[trainer.optim]\nlr = false\n")
+    ws.write("target-modules-5.toml", "[model.lora]\ntarget_modules = 5\n")
     ws.write("rank-true.toml", "[model.lora]\nrank = true\n")
     ws.write("workers-true.toml", "[inference]\nnum_workers = true\n")
     ws.write("timeout-false.toml", "[inference]\nrequest_timeout = false\n")
@@ -100,6 +101,12 @@ CASES: list[Case] = [
     ),
     ("sft", sft_args(data="{w.root}/inputs/pipe.jsonl"), "pipe.jsonl: not a regular file"),
     ("sft", sft_args("--dry-run", data="{w.root}/inputs/pipe.jsonl"), "pipe.jsonl: not a regular file"),
+    # A value that fits no member of a union was a line per member ("target_modules.list[str]: ...").
+    (
+        "rl",
+        rl_args("@", "{w.root}/inputs/target-modules-5.toml"),
+        "model.lora.target_modules = 5: none of the kinds it takes (list[str]: Input should be a valid list; str:",
+    ),
     # A run folder whose metrics.jsonl is a FIFO was "no metrics.jsonl"; the FIFO named itself, the same.
     ("lorarl-plot", lambda w: [f"{w.root}/inputs/fifo-run"], "fifo-run/metrics.jsonl: not a regular file (a FIFO"),
     ("lorarl-plot", lambda w: [f"{w.root}/inputs/pipe.jsonl"], "inputs/pipe.jsonl: not a regular file (a FIFO"),
