@@ -37,5 +37,6 @@ rm -rf "$site"
 # whatever the first found, and the exit status is a failure if either failed.
 status=0
 on_every_core -v -m "$ALONE" --durations=15 || status=$?
-.venv/bin/python -m pytest tests -v -m "not ($ALONE)" --durations=25 || status=$?
+# Every integration test of 10 s or more, with its time: where the lane's minutes go.
+.venv/bin/python -m pytest tests -v -m "not ($ALONE)" --durations=0 --durations-min=10 || status=$?
 exit $status
