@@ -37,7 +37,7 @@ class LoraConfig(Section):
     together or not at all (vLLM reads one alone wrongly; docs/moe.md)."""
     exclude_modules: list[str] | str = []
     """Modules left out of target_modules, in the same form: a list of module names or dotted suffixes,
-    or a regex string; []: none left out."""
+    or a regex string; []: none left out. One that leaves out no targeted module is refused."""
     modules_to_save: list[str] = []
     """Modules trained in full and saved with the adapter, matched as path suffixes (e.g. ["lm_head"]);
     []: none. `sft` only: `rl` refuses them, also in an init_adapter, because vLLM serves LoRA weights only."""
