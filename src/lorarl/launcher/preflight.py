@@ -36,6 +36,7 @@ from lorarl.config.model import LoraConfig, ModelConfig
 from lorarl.config.run import RLConfig, RLRunMode, RunMode
 from lorarl.config.serve import ServeConfig, WorkersConfig
 from lorarl.config.sft import SFTConfig
+from lorarl.file_kinds import shortened
 from lorarl.inference.health import check_served_model
 from lorarl.inference.server import adapter_slots, given_max_loras
 from lorarl.launcher.memory_plan import (
@@ -299,7 +300,7 @@ def check_model(name: str, key: str = "model.name") -> None:
     try:
         is_dir, exists = path.is_dir(), path.exists()
     except OSError as e:  # e.g. a name too long for the file system
-        raise PreflightError(f"{key}: {name[:100]}{'...' if len(name) > 100 else ''}: {e.strerror}") from None
+        raise PreflightError(f"{key}: {shortened(name)}: {e.strerror}") from None
     if is_dir:
         check_model_folder(path, key)
         return

@@ -33,7 +33,7 @@ from transformers import PreTrainedTokenizerBase
 
 from lorarl.chat import LossOn, Message, tokenize_with_assistant_mask
 from lorarl.config.sft import SFTDataConfig
-from lorarl.file_kinds import NOT_REGULAR, special_file
+from lorarl.file_kinds import NOT_REGULAR, shortened, special_file
 from lorarl.trainer.batching import TrainSample
 
 log = logging.getLogger("lorarl.sft")
@@ -249,7 +249,7 @@ def _records(path: Path, split: str) -> Iterator[tuple[str, Any]]:
     try:
         exists = path.exists()
     except OSError as e:  # e.g. a name too long for the file system
-        raise DataError(f"{str(path)[:100]}...: {e.strerror}") from None
+        raise DataError(f"{shortened(path)}: {e.strerror}") from None
     if not exists:
         raise DataError(f"{path}: no such file or folder")
     if path.is_dir():
