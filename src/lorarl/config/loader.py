@@ -397,7 +397,9 @@ def _describe(error: ValidationError, merged: dict[str, Any], layers: Layers, cl
     return "\n".join(lines)
 
 
-def _union_members(errors: list[ErrorDetails], merged: dict[str, Any]) -> tuple[list[ErrorDetails], dict[Loc, list]]:
+def _union_members(
+    errors: list[ErrorDetails], merged: dict[str, Any]
+) -> tuple[list[ErrorDetails], dict[Loc, list[ErrorDetails]]]:
     """`errors` apart from those of a value that fits no member of its field's union, and those by the
     value's place: pydantic reports one per member, its name added to the place ("list[str]", "str"),
     which made a line each (`target_modules = 5`)."""
