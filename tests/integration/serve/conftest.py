@@ -45,7 +45,10 @@ def serve_config(tiny_model: Path, out: Path, run_name: str) -> Path:
         "run_name": run_name,
         "model": {"name": str(tiny_model)},
         "trainer": {"micro_batch_size": 32},
-        "inference": {"port": free_port(), "kv_cache_gib": 1},
+        # The peaked model's logits are 4x larger, and so is float32's rounding between vLLM and the trainer:
+        # after test_sdk's RL loop (lr 3e-2) a healthy adapter was 1.06e-2 off, over float32's default 1e-2.
+        # A served base model is 9.5 off.
+        "inference": {"port": free_port(), "kv_cache_gib": 1, "served_check_tolerance": 5e-2},
         "serve": {"port": free_port(), "max_rank": 16, "max_loras": 2, "long_poll": 5.0},
     }
     path = out / f"{run_name}.json"
